@@ -1,0 +1,118 @@
+"""The ``kharness`` command line.
+
+Exit codes: 0 success, 2 bad input (experiment file, arguments), 3 no usable hardware,
+1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+EXIT_BAD_INPUT = 2
+EXIT_NO_HARDWARE = 3
+
+
+def _fmt(v: Any, spec: str = ".3g", suffix: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:{spec}}{suffix}"
+
+
+def summary_table(rows: list[dict[str, Any]], interpreted: bool) -> Table:
+    title = "Tuning summary" + (" (CPU interpreter: timings are not GPU timings)"
+                                if interpreted else "")
+    t = Table(title=title, show_lines=False)
+    for col in ("hardware", "kernel", "shape", "dtype", "best config", "latency",
+                "vs eager", "vs default", "roofline", "trials ok/fail/pruned"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        c = r.get("counts", {})
+        config = r.get("params")
+        t.add_row(
+            r["hardware"], r["kernel"], r["shape"], r["dtype"],
+            " ".join(f"{k}={v}" for k, v in config.items()) if config else "[red]none[/]",
+            _fmt(r.get("latency_ms"), ".4g", " ms"),
+            _fmt(r.get("speedup_vs_eager"), ".2f", "×"),
+            _fmt(r.get("speedup_vs_default"), ".2f", "×"),
+            _fmt((r.get("roofline") or math.nan) * 100, ".0f", "%"),
+            f"{c.get('measured', 0)}/{c.get('failed', 0)}/{c.get('pruned', 0)}",
+        )
+    return t
+
+
+def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from harness.experiment import ExperimentError, load
+
+    try:
+        load(args.experiment)  # validate before importing Ray and friends
+    except ExperimentError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return EXIT_BAD_INPUT
+    from harness.fleet import NoHardwareError
+    from harness.run import run
+
+    try:
+        summary = run(args.experiment, resume=args.resume, console=console,
+                      progress=not (args.quiet or args.json))
+    except NoHardwareError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return EXIT_NO_HARDWARE
+    if args.json:
+        print(json.dumps({
+            "rows": summary.rows, "packs": summary.packs,
+            "missing_hardware": summary.missing_hardware,
+            "interpreted": summary.interpreted, "mlflow_parent_run_id": summary.parent_run_id,
+            "tracking_uri": summary.tracking_uri, "wall_s": summary.wall_s,
+        }, default=str, indent=1))
+        return 0
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=200)  # logs and pipes: do not fold the table to 80 columns
+    if not args.quiet:
+        out.print(summary_table(summary.rows, summary.interpreted))
+    for p in summary.packs:
+        out.print(f"pack: {p}")
+    if not args.quiet:
+        out.print(f"MLflow: {summary.tracking_uri} (parent run {summary.parent_run_id}); "
+                  f"see it with: mlflow ui --backend-store-uri {summary.tracking_uri}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kharness", description=__doc__.splitlines()[0])
+    p.add_argument("--log-level", default="WARNING",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="tune an experiment and freeze its packs")
+    r.add_argument("experiment", help="experiment YAML file")
+    r.add_argument("--resume", action="store_true",
+                   help="continue the experiment's studies and MLflow runs where they stopped")
+    r.add_argument("--quiet", action="store_true", help="no progress or table; pack paths only")
+    r.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
+    r.set_defaults(func=_cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad arguments already
+        return int(exc.code or 0)
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=200)  # logs: keep lines whole
+    return args.func(args, console)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

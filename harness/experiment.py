@@ -1,0 +1,181 @@
+"""Experiment files: parse and validate the YAML, and expand it into a plan.
+
+Nothing else in the harness reads experiment YAML. A bad file raises
+``ExperimentError`` naming the file and the field, before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harness import kernel_api, spaces
+
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
+
+
+class ExperimentError(Exception):
+    """A bad experiment file. ``str()`` names the file and the field."""
+
+    def __init__(self, path: str | Path, field: str, message: str):
+        self.path, self.field, self.message = str(path), field, message
+        super().__init__(f"{path}: {field}: {message}" if field else f"{path}: {message}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchSettings(_Strict):
+    sampler: Literal["tpe", "random", "grid", "cmaes", "gp"] = "tpe"
+    trials: int = Field(32, ge=1, description="trials per study, the default config included")
+    timeout_s: float | None = Field(None, gt=0, description="wall-clock limit for the whole run")
+    warm_start: bool = Field(True, description="enqueue the default config as the first trial")
+
+
+class TimingSettings(_Strict):
+    warmup_ms: float = Field(25.0, gt=0)
+    rep_ms: float = Field(100.0, gt=0)
+    trial_timeout_s: float = Field(300.0, gt=0, description="a trial longer than this is a hang")
+
+
+class TrackingSettings(_Strict):
+    uri: str | None = Field(None, description="MLflow tracking URI; default: sqlite:///mlflow.db "
+                            "or $MLFLOW_TRACKING_URI")
+    experiment: str | None = Field(None, description="MLflow experiment name; default: the name")
+
+
+class OutputSettings(_Strict):
+    packs_dir: str = "packs"
+    runs_dir: str = "runs"
+
+
+class Experiment(_Strict):
+    name: str = Field(..., min_length=1)
+    kernel: str = Field(..., min_length=1)
+    shapes: list[dict[str, int]] = Field(..., min_length=1)
+    dtypes: list[Literal["bf16", "fp16", "fp32"]] = Field(default_factory=lambda: ["bf16"],
+                                                           min_length=1)
+    hardware: list[str] = Field(default_factory=lambda: ["auto"], min_length=1)
+    search_space: dict[str, Any] = Field(default_factory=dict)
+    search: SearchSettings = Field(default_factory=SearchSettings)
+    timing: TimingSettings = Field(default_factory=TimingSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    output: OutputSettings = Field(default_factory=OutputSettings)
+    seed: int = 0
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):
+            raise ValueError("use letters, digits, '.', '_' and '-' only")
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _hw_keys(cls, v: list[str]) -> list[str]:
+        for key in v:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", key):
+                raise ValueError(f"bad hardware key {key!r}")
+        if "auto" in v and len(v) > 1:
+            raise ValueError("'auto' cannot be combined with explicit hardware keys")
+        return v
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """One study: a kernel at one shape and dtype on one hardware key."""
+
+    experiment: str
+    kernel: str
+    shape: dict[str, int]
+    dtype: str
+    hardware: str
+
+    @property
+    def shape_key(self) -> str:
+        return kernel_api.get(self.kernel).shape_key(self.shape)
+
+    @property
+    def name(self) -> str:
+        return f"{self.experiment}/{self.kernel}/{self.shape_key}/{self.dtype}/{self.hardware}"
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def load(path: str | Path) -> Experiment:
+    """Read and validate an experiment file; raise ExperimentError on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ExperimentError(path, "", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", exc)
+        raise ExperimentError(path, where, f"not valid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise ExperimentError(path, "", "must be a mapping of fields")
+    try:
+        exp = Experiment.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ExperimentError(path, _loc(tuple(err["loc"])), err["msg"]) from None
+    _check_semantics(path, exp)
+    return exp
+
+
+def _check_semantics(path: Path, exp: Experiment) -> None:
+    """Checks that need the kernel family: it resolves, shapes fit, dtypes and space."""
+    try:
+        kernel = kernel_api.get(exp.kernel)
+    except (KeyError, ImportError, AttributeError, TypeError) as exc:
+        raise ExperimentError(path, "kernel", str(exc).strip("'\"")) from None
+    for i, shape in enumerate(exp.shapes):
+        try:
+            kernel.validate_shape(shape)
+        except ValueError as exc:
+            raise ExperimentError(path, f"shapes[{i}]", str(exc)) from None
+        if any(v <= 0 for v in shape.values()):
+            raise ExperimentError(path, f"shapes[{i}]", "dimensions must be positive")
+    for i, dt in enumerate(exp.dtypes):
+        if dt not in kernel.dtypes:
+            raise ExperimentError(path, f"dtypes[{i}]",
+                                  f"{kernel.name} supports {list(kernel.dtypes)}")
+    raw = exp.search_space
+    unknown = set(raw) - {"params", "vendors", "hardware"}
+    if unknown:
+        raise ExperimentError(path, f"search_space.{sorted(unknown)[0]}",
+                              "expected 'params', 'vendors' or 'hardware'")
+    try:
+        for vendor in ("nvidia", "amd", "cpu"):
+            spaces.resolve([spaces.for_kernel(kernel), raw], vendor, "?", where="search_space")
+    except ValueError as exc:
+        msg = str(exc)
+        field, _, rest = msg.partition(": ")
+        field2, _, rest2 = rest.partition(": ")
+        where = f"{field}.{field2}" if rest2 else field
+        raise ExperimentError(path, where, rest2 or rest) from None
+
+
+def plan(exp: Experiment, hardware_keys: list[str]) -> list[StudySpec]:
+    """One study per (shape, dtype, hardware). ``hardware_keys`` replaces ``auto``."""
+    return [
+        StudySpec(exp.name, exp.kernel, dict(shape), dtype, hw)
+        for hw in hardware_keys
+        for shape in exp.shapes
+        for dtype in exp.dtypes
+    ]

@@ -1,0 +1,98 @@
+"""Hardware identity: device name -> short key, and the device's static properties.
+
+Imported by the runtime, so it must stay light: torch only, no Ray/Optuna/MLflow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import cache
+
+from harness.kernel_api import DeviceSpec
+
+# Ordered: the first pattern that matches the device name wins.
+_KEYS: list[tuple[str, str, str]] = [
+    (r"\bH200\b", "H200", "nvidia"),
+    (r"\bH100\b", "H100", "nvidia"),
+    (r"\bH800\b", "H800", "nvidia"),
+    (r"\bGH200\b", "GH200", "nvidia"),
+    (r"\bA100\b", "A100", "nvidia"),
+    (r"\bA10G?\b", "A10", "nvidia"),
+    (r"\bL40S\b", "L40S", "nvidia"),
+    (r"\bL4\b", "L4", "nvidia"),
+    (r"\bV710\b", "V710", "amd"),
+    (r"\bMI300X\b", "MI300X", "amd"),
+    (r"\bMI250X?\b", "MI250", "amd"),
+]
+
+#: Shared memory per block where a backend cannot report it (bytes).
+_SMEM_FALLBACK = {"H100": 227 * 1024, "H200": 227 * 1024, "A100": 163 * 1024, "V710": 64 * 1024}
+
+KNOWN_KEYS = ("H100", "H200", "A100", "V710", "cpu")
+
+
+def hardware_key(device_name: str) -> str:
+    """Normalise a device name ("NVIDIA H100 80GB HBM3", "AMD Radeon PRO V710") to a key."""
+    for pattern, key, _ in _KEYS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return key
+    if not device_name or device_name.lower() == "cpu":
+        return "cpu"
+    # Unknown GPUs still get a stable, file-name-safe key of their own.
+    return re.sub(r"[^A-Za-z0-9]+", "-", device_name).strip("-")
+
+
+def vendor_of(key: str) -> str:
+    for _, k, vendor in _KEYS:
+        if k == key:
+            return vendor
+    return "cpu" if key == "cpu" else "nvidia"
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@cache
+def current_device(index: int | None = None) -> DeviceSpec:
+    """The spec of the GPU this process uses (or the CPU under the interpreter).
+
+    Cached: the device is detected once per process.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return DeviceSpec(key="cpu", vendor="cpu", name="cpu", sm_count=4,
+                          smem_per_block=1 << 30, interpreted=True)
+    idx = torch.cuda.current_device() if index is None else index
+    props = torch.cuda.get_device_properties(idx)
+    key = hardware_key(props.name)
+    vendor = "amd" if getattr(torch.version, "hip", None) else "nvidia"
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or _SMEM_FALLBACK.get(key, 48 * 1024)
+    # TMA (tensor descriptors) is a Hopper-and-later feature on NVIDIA only.
+    has_tma = vendor == "nvidia" and props.major >= 9
+    return DeviceSpec(
+        key=key,
+        vendor=vendor,
+        name=props.name,
+        sm_count=props.multi_processor_count,
+        smem_per_block=int(smem),
+        l2_bytes=int(getattr(props, "L2_cache_size", 0)),
+        has_tma=has_tma,
+        interpreted=interpreted(),
+    )
+
+
+def spec_for_key(key: str) -> DeviceSpec:
+    """A static spec for a hardware key the driver has no device for (pruning only)."""
+    table = {
+        "H100": DeviceSpec("H100", "nvidia", "NVIDIA H100", 132, 227 * 1024, 50 << 20, True),
+        "H200": DeviceSpec("H200", "nvidia", "NVIDIA H200", 132, 227 * 1024, 60 << 20, True),
+        "A100": DeviceSpec("A100", "nvidia", "NVIDIA A100", 108, 163 * 1024, 40 << 20, False),
+        "V710": DeviceSpec("V710", "amd", "AMD Radeon PRO V710", 54, 64 * 1024, 4 << 20, False),
+        "cpu": DeviceSpec("cpu", "cpu", "cpu", 4, 1 << 30, 0, False, True),
+    }
+    if key in table:
+        return table[key]
+    return DeviceSpec(key=key, vendor=vendor_of(key), name=key)

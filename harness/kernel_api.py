@@ -1,0 +1,185 @@
+"""The kernel plug-in interface and the registry of kernel families.
+
+A kernel family is a class that knows how to build inputs for a shape, compute a
+reference, launch one configuration of its Triton kernel, and model its own cost.
+Built-in families live in the top-level ``kernels`` package; a user's family lives in
+the user's own module and is named by import path (``package.module:Class``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+Shape = Mapping[str, int]
+Config = Mapping[str, Any]
+Inputs = dict[str, Any]
+
+# Built-in families: name -> import path. Imported lazily so that naming one family
+# never imports (and JIT-decorates) the others.
+BUILTIN: dict[str, str] = {
+    "grouped_gemm": "kernels.grouped_gemm:GroupedGemm",
+    "mamba2_ssd": "kernels.mamba2_ssd:Mamba2SSD",
+    "selective_scan": "kernels.selective_scan:SelectiveScan",
+    "mulsum_bmm": "kernels.mulsum_bmm:MulSumBmm",
+    "mulsum_ydiag": "kernels.mulsum_bmm:MulSumYDiag",
+    "mulsum_states": "kernels.mulsum_bmm:MulSumStates",
+    "mulsum_c_states": "kernels.mulsum_bmm:MulSumCStates",
+    "rmsnorm": "kernels.fused_elementwise:RMSNorm",
+    "silu": "kernels.fused_elementwise:SiLU",
+    "silu_mul": "kernels.fused_elementwise:SiLUMul",
+    "softplus_clamp": "kernels.fused_elementwise:SoftplusClamp",
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Accuracy bound: |out - ref| <= atol + rtol * |ref| element-wise."""
+
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What static pruning may know about the target device (no GPU needed)."""
+
+    key: str  # short hardware key: H100, H200, A100, V710, cpu
+    vendor: str  # nvidia, amd, cpu
+    name: str = ""
+    sm_count: int = 1
+    smem_per_block: int = 228 * 1024
+    l2_bytes: int = 0
+    has_tma: bool = False
+    interpreted: bool = False  # Triton runs under TRITON_INTERPRET=1
+
+
+class Kernel(ABC):
+    """One kernel family. Subclasses set the class attributes and the abstract methods."""
+
+    name: ClassVar[str]
+    #: Shape dimensions, in the order used in shape keys.
+    dims: ClassVar[tuple[str, ...]]
+    #: Dimensions that must match exactly when a pack entry is reused for another shape;
+    #: the others are matched by nearest distance in log space.
+    exact_dims: ClassVar[tuple[str, ...]] = ()
+    dtypes: ClassVar[tuple[str, ...]] = ("bf16", "fp16", "fp32")
+    #: The config used when no pack entry exists; it must pass ``check_config``.
+    default_config: ClassVar[dict[str, Any]]
+    #: Named seed shapes (benchmarks and examples). ``test`` is the interpreter-sized one.
+    shapes: ClassVar[dict[str, dict[str, int]]] = {}
+    #: The search space: ``search_spaces/<space_name>.yaml`` if shipped (default: the
+    #: family's name), else ``space`` (same structure; handy for a user's own kernel).
+    space_name: ClassVar[str | None] = None
+    space: ClassVar[dict[str, Any]] = {}
+
+    # -- inputs and semantics ---------------------------------------------------------
+    @abstractmethod
+    def make_inputs(self, shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
+        """Fresh random inputs (never zeros) drawn from ``seed``."""
+
+    @abstractmethod
+    def reference(self, inputs: Inputs, shape: Shape) -> Any:
+        """The ground truth, computed in higher precision where it matters."""
+
+    def eager(self, inputs: Inputs, shape: Shape) -> Any:
+        """The PyTorch implementation a user would write, in the inputs' own dtype. It is
+        timed as the speed-up baseline, eager and under ``torch.compile``, so it must be
+        traceable. Defaults to the reference."""
+        return self.reference(inputs, shape)
+
+    @abstractmethod
+    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+        """Return a callable that launches ``config`` once and returns the output.
+
+        Work that an application would do once (allocating outputs, building
+        descriptors) belongs before the returned callable, not inside it.
+        """
+
+    # -- cost model -------------------------------------------------------------------
+    @abstractmethod
+    def flops(self, shape: Shape) -> float:
+        """Useful floating-point operations of one call."""
+
+    @abstractmethod
+    def bytes_moved(self, shape: Shape, dtype: str) -> float:
+        """The fewest bytes one call must move through device memory."""
+
+    def compute_dtype(self, dtype: str) -> str | None:
+        """Which matmul peak bounds this kernel (``bf16``/``fp16``/``fp32``), or None
+        when it has no matrix work and only the copy bandwidth applies."""
+        return dtype
+
+    # -- accuracy and validity --------------------------------------------------------
+    def tolerance(self, dtype: str, config: Config) -> Tolerance:
+        """The bound a config must meet to be a valid trial. ``config`` matters where a
+        tunable trades accuracy for speed (fp16 states, tf32)."""
+        return {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 1e-2)}.get(
+            dtype, Tolerance(2e-2, 2e-2)
+        )
+
+    def check_config(self, config: Config, shape: Shape, device: DeviceSpec) -> str | None:
+        """Why ``config`` cannot run on ``device`` for ``shape`` (None if it can).
+
+        This is static pruning: it runs on the driver, before any GPU time is spent.
+        """
+        return None
+
+    # -- pack lookup ------------------------------------------------------------------
+    def shape_key(self, shape: Shape) -> str:
+        return ",".join(f"{d}={int(shape[d])}" for d in self.dims)
+
+    def parse_shape_key(self, key: str) -> dict[str, int]:
+        out = dict(part.split("=", 1) for part in key.split(","))
+        return {d: int(out[d]) for d in self.dims}
+
+    def shape_distance(self, a: Shape, b: Shape) -> float:
+        """Distance between two shapes for nearest-entry lookup; ``inf`` means never
+        reuse. Default: exact dims must match, the rest compare in log2 space."""
+        if any(int(a[d]) != int(b[d]) for d in self.exact_dims):
+            return math.inf
+        return sum(
+            abs(math.log2(max(int(a[d]), 1)) - math.log2(max(int(b[d]), 1)))
+            for d in self.dims
+            if d not in self.exact_dims
+        )
+
+    def validate_shape(self, shape: Shape) -> dict[str, int]:
+        missing = [d for d in self.dims if d not in shape]
+        extra = [d for d in shape if d not in self.dims]
+        if missing or extra:
+            raise ValueError(
+                f"{self.name}: shape needs dims {list(self.dims)}"
+                + (f", missing {missing}" if missing else "")
+                + (f", unknown {extra}" if extra else "")
+            )
+        return {d: int(shape[d]) for d in self.dims}
+
+
+def resolve(name_or_path: str) -> type[Kernel]:
+    """Find a kernel family class by registered name or ``package.module:Class``."""
+    path = BUILTIN.get(name_or_path, name_or_path)
+    if ":" not in path:
+        raise KeyError(
+            f"unknown kernel {name_or_path!r}: registered are {sorted(BUILTIN)}, "
+            "or give an import path 'package.module:Class'"
+        )
+    module_name, _, attr = path.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Kernel)):
+        raise TypeError(f"{path} is not a harness.kernel_api.Kernel subclass")
+    return cls
+
+
+_instances: dict[str, Kernel] = {}
+
+
+def get(name_or_path: str) -> Kernel:
+    """A cached instance of the family (families are stateless)."""
+    if name_or_path not in _instances:
+        _instances[name_or_path] = resolve(name_or_path)()
+    return _instances[name_or_path]

@@ -1,0 +1,333 @@
+"""Measurement: the one place where a trial is measured.
+
+Runs on the worker that owns the GPU (or the CPU under Triton's interpreter). The same
+code serves the search, the benchmark command and the tests: build inputs from a seed,
+run the reference once, run the variant, check accuracy, time with events.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import hardware
+from harness.kernel_api import Config, DeviceSpec, Kernel, Shape, Tolerance
+
+#: Substrings of errors after which the CUDA context cannot be trusted again.
+_FATAL_MARKERS = (
+    "illegal memory access",
+    "illegal address",
+    "unspecified launch failure",
+    "misaligned address",
+    "device-side assert",
+    "an illegal instruction",
+    "CUDA error: unknown error",
+    "hipErrorIllegalAddress",
+)
+
+
+@dataclass
+class TrialResult:
+    """What one measurement produced. ``ok`` False means a failed trial with ``reason``."""
+
+    ok: bool
+    reason: str = ""
+    fatal: bool = False  # the device context is poisoned: the worker must be replaced
+    latency_ms: float = math.nan  # median
+    p20_ms: float = math.nan
+    p80_ms: float = math.nan
+    tflops: float = math.nan
+    gbps: float = math.nan
+    roofline: float = math.nan  # bound time / measured time, 1.0 = at the roofline
+    max_abs_err: float = math.nan
+    max_rel_err: float = math.nan
+    frac_within_1e3: float = math.nan
+    frac_within_1e2: float = math.nan
+    compile_s: float = math.nan
+    timer: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How to time. ``warmup_ms``/``rep_ms`` are do_bench's budgets in milliseconds."""
+
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    cpu_reps: int = 2  # interpreter runs: wall-clock reps (they say nothing about GPUs)
+
+
+# -- accuracy -------------------------------------------------------------------------
+
+
+def _as_tuple(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def compare(out: Any, ref: Any, tol: Tolerance) -> dict[str, Any]:
+    """Element-wise comparison of (possibly tuple) outputs against the reference."""
+    import torch
+
+    outs, refs = _as_tuple(out), _as_tuple(ref)
+    if len(outs) != len(refs):
+        return {"ok": False, "reason": f"output has {len(outs)} tensors, reference {len(refs)}"}
+    worst_abs = worst_rel = 0.0
+    n_total = n_1e3 = n_1e2 = 0
+    ok, reason = True, ""
+    for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        if tuple(o.shape) != tuple(r.shape):
+            return {"ok": False, "reason": f"output {i} shape {tuple(o.shape)} != {tuple(r.shape)}"}
+        o64, r64 = o.detach().double(), r.detach().double().to(o.device)
+        if not torch.isfinite(o64).all():
+            bad = int((~torch.isfinite(o64)).sum())
+            return {"ok": False, "reason": f"output {i} has {bad} NaN/Inf values"}
+        diff = (o64 - r64).abs()
+        scale = r64.abs()
+        worst_abs = max(worst_abs, float(diff.max()) if diff.numel() else 0.0)
+        # Relative error against the tensor's own magnitude, so near-zero elements of a
+        # well-scaled output do not dominate.
+        denom = max(float(scale.max()) if scale.numel() else 0.0, 1e-30)
+        worst_rel = max(worst_rel, worst_abs / denom)
+        rel_elem = diff / scale.clamp_min(1e-6 * denom)
+        n_total += diff.numel()
+        n_1e3 += int(((diff <= 1e-3) | (rel_elem <= 1e-3)).sum())
+        n_1e2 += int(((diff <= 1e-2) | (rel_elem <= 1e-2)).sum())
+        bad = diff > tol.atol + tol.rtol * scale
+        if ok and bool(bad.any()):
+            ok = False
+            reason = (f"wrong result: output {i}: {int(bad.sum())}/{bad.numel()} elements "
+                      f"outside atol={tol.atol:g} rtol={tol.rtol:g} "
+                      f"(max abs err {float(diff.max()):.3g})")
+    return {
+        "ok": ok,
+        "reason": reason,
+        "max_abs_err": worst_abs,
+        "max_rel_err": worst_rel,
+        "frac_within_1e3": n_1e3 / max(n_total, 1),
+        "frac_within_1e2": n_1e2 / max(n_total, 1),
+    }
+
+
+# -- timing ---------------------------------------------------------------------------
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], Any], timing: Timing) -> tuple[float, float, float, str]:
+    """(p20, median, p80) in ms, and the name of the timer used."""
+    if hardware.interpreted() or not _gpu():
+        samples = []
+        for _ in range(max(timing.cpu_reps, 1)):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        samples.sort()
+        mid = samples[len(samples) // 2]
+        return samples[0], mid, samples[-1], "wall-clock (CPU interpreter: not a GPU timing)"
+    from triton.testing import do_bench
+
+    # do_bench times with CUDA events and clears L2 before every repetition.
+    p20, p50, p80 = do_bench(fn, warmup=timing.warmup_ms, rep=timing.rep_ms,
+                             quantiles=[0.2, 0.5, 0.8])
+    return float(p20), float(p50), float(p80), "triton.testing.do_bench (events, L2 flushed)"
+
+
+def _gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# -- device peaks ---------------------------------------------------------------------
+
+
+def _peaks_path(spec: DeviceSpec) -> Path:
+    import torch
+
+    root = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "kernel-harness"))
+    name = f"peaks-{spec.key}-{spec.name.replace(' ', '_')}-torch{torch.__version__}.json"
+    return root / name
+
+
+def device_peaks(spec: DeviceSpec | None = None) -> dict[str, float]:
+    """Measured ceilings of this device, cached on disk: copy bandwidth (GB/s, bytes read
+    plus written) and dense matmul rates (TFLOP/s) for bf16, fp16 and fp32 (no tf32)."""
+    spec = spec or hardware.current_device()
+    if spec.key == "cpu" or not _gpu():
+        return {}
+    path = _peaks_path(spec)
+    if path.is_file():
+        return json.loads(path.read_text())
+    import torch
+    from triton.testing import do_bench
+
+    peaks: dict[str, float] = {}
+    n = 1 << 28  # 1 GiB of fp32: far larger than any L2
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=200, return_mode="median")
+    peaks["copy_gbps"] = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    src = dst = None  # free the buffer before the matmuls
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for name, dt, size in (("bf16", torch.bfloat16, 8192), ("fp16", torch.float16, 8192),
+                               ("fp32", torch.float32, 4096)):
+            a = torch.randn(size, size, device="cuda", dtype=dt)
+            b = torch.randn(size, size, device="cuda", dtype=dt)
+            ms = do_bench(lambda a=a, b=b: a @ b, warmup=50, rep=200, return_mode="median")
+            peaks[f"{name}_tflops"] = 2 * size**3 / (ms * 1e-3) / 1e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(peaks, indent=1))
+    return peaks
+
+
+def roofline_ms(kernel: Kernel, shape: Shape, dtype: str, peaks: Mapping[str, float]) -> float:
+    """The lower bound on latency from the measured ceilings (NaN where unknown)."""
+    if not peaks:
+        return math.nan
+    t_bytes = kernel.bytes_moved(shape, dtype) / (peaks["copy_gbps"] * 1e9)
+    cdt = kernel.compute_dtype(dtype)
+    t_flops = 0.0
+    if cdt is not None and f"{cdt}_tflops" in peaks:
+        t_flops = kernel.flops(shape) / (peaks[f"{cdt}_tflops"] * 1e12)
+    return max(t_bytes, t_flops) * 1e3
+
+
+# -- the measurer ---------------------------------------------------------------------
+
+
+class Measurer:
+    """Holds one problem's inputs and reference, and measures configs against them.
+
+    Keyed by (kernel, shape, dtype, seed): a worker keeps the last problem's inputs, so
+    the trials of one study share inputs and the reference is computed once.
+    """
+
+    def __init__(self, timing: Timing | None = None, device: str | None = None):
+        import torch
+
+        self.timing = timing or Timing()
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self._key: tuple | None = None
+        self._inputs: dict[str, Any] = {}
+        self._ref: Any = None
+
+    def _problem(self, kernel: Kernel, shape: Shape, dtype: str, seed: int) -> None:
+        key = (kernel.name, tuple(sorted(shape.items())), dtype, seed)
+        if key == self._key:
+            return
+        self._key, self._inputs, self._ref = None, {}, None
+        inputs = kernel.make_inputs(shape, dtype, seed, self.device)
+        ref = kernel.reference(inputs, shape)
+        _sync()
+        self._key, self._inputs, self._ref = key, inputs, ref
+
+    def measure(self, kernel: Kernel, shape: Shape, dtype: str, config: Config, seed: int,
+                peaks: Mapping[str, float] | None = None) -> TrialResult:
+        """Measure one config. Never raises for a bad config: it returns a failed result."""
+        try:
+            self._problem(kernel, shape, dtype, seed)
+        except Exception as exc:  # inputs/reference failing is a harness-level problem
+            return _failure("input/reference error", exc)
+        t0 = time.perf_counter()
+        try:
+            fn = kernel.launcher(self._inputs, shape, config)
+            out = fn()  # first call compiles
+            _sync()
+        except Exception as exc:
+            return _failure(_classify(exc), exc)
+        compile_s = time.perf_counter() - t0
+        acc = compare(out, self._ref, kernel.tolerance(dtype, config))
+        del out
+        if not acc["ok"]:
+            res = TrialResult(ok=False, reason=acc["reason"], compile_s=compile_s)
+            for k in ("max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2"):
+                setattr(res, k, acc.get(k, math.nan))
+            return res
+        try:
+            p20, p50, p80, timer = time_fn(fn, self.timing)
+        except Exception as exc:
+            return _failure(_classify(exc), exc)
+        return self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks)
+
+    def measure_eager(self, kernel: Kernel, shape: Shape, dtype: str, seed: int,
+                      compiled: bool = False) -> TrialResult:
+        """Time the family's PyTorch implementation (the speed-up baseline)."""
+        try:
+            self._problem(kernel, shape, dtype, seed)
+            inputs = self._inputs
+            if compiled:
+                import torch
+
+                eager = torch.compile(kernel.eager)
+                fn = lambda: eager(inputs, shape)
+            else:
+                fn = lambda: kernel.eager(inputs, shape)
+            out = fn()
+            _sync()
+            acc = compare(out, self._ref, kernel.tolerance(dtype, kernel.default_config))
+            del out
+            p20, p50, p80, timer = time_fn(fn, self.timing)
+        except Exception as exc:
+            return _failure(_classify(exc), exc)
+        acc["ok"] = True  # the baseline is timed even where it is less accurate
+        return self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, math.nan, None)
+
+    def _result(self, kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks):
+        bound = roofline_ms(kernel, shape, dtype, peaks or {})
+        return TrialResult(
+            ok=True,
+            latency_ms=p50,
+            p20_ms=p20,
+            p80_ms=p80,
+            tflops=kernel.flops(shape) / (p50 * 1e-3) / 1e12,
+            gbps=kernel.bytes_moved(shape, dtype) / (p50 * 1e-3) / 1e9,
+            roofline=bound / p50 if bound == bound else math.nan,
+            max_abs_err=acc["max_abs_err"],
+            max_rel_err=acc["max_rel_err"],
+            frac_within_1e3=acc["frac_within_1e3"],
+            frac_within_1e2=acc["frac_within_1e2"],
+            compile_s=compile_s,
+            timer=timer,
+        )
+
+
+def _classify(exc: BaseException) -> str:
+    name = type(exc).__name__
+    text = str(exc)
+    if name == "OutOfResources" or "out of resource" in text.lower():
+        return "out of resources"
+    if "Compilation" in name or "compil" in text.lower()[:200]:
+        return "compile error"
+    if any(m.lower() in text.lower() for m in _FATAL_MARKERS):
+        return "device fault"
+    return "runtime error"
+
+
+def _failure(kind: str, exc: BaseException) -> TrialResult:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    return TrialResult(
+        ok=False,
+        reason=f"{kind}: {first}",
+        fatal=kind == "device fault",
+        extra={"traceback": traceback.format_exc(limit=6)[-2000:]},
+    )

@@ -1,0 +1,208 @@
+"""Search: owns the Optuna studies and their storage; decides what to try next.
+
+It asks for configs, prunes those that cannot run (statically, before any GPU time),
+answers repeated configs from what was already measured, and tells results back. It
+never touches a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from harness import kernel_api, spaces
+from harness.experiment import SearchSettings, StudySpec
+from harness.kernel_api import DeviceSpec
+from harness.measure import TrialResult
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+#: Trial user attributes the harness writes. The objective value is the median latency.
+ATTR_STATUS = "status"  # measured | failed | pruned | duplicate | interrupted
+ATTR_REASON = "reason"
+ATTR_RESULT = "result"
+
+
+def storage_url(runs_dir: str | Path, experiment: str) -> str:
+    path = Path(runs_dir).resolve() / experiment / "optuna.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def make_sampler(settings: SearchSettings, space: spaces.Space, seed: int,
+                 n_parallel: int) -> optuna.samplers.BaseSampler:
+    name = settings.sampler
+    if name == "tpe":
+        # constant_liar keeps parallel workers from being handed the same config.
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=n_parallel > 1,
+                                          multivariate=True, n_startup_trials=8)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler(dict(space), seed=seed)
+    if name == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True)
+
+
+class Search:
+    """One Optuna study for one (kernel, shape, dtype, hardware)."""
+
+    def __init__(self, spec: StudySpec, space: spaces.Space, device: DeviceSpec,
+                 settings: SearchSettings, storage: str, seed: int, n_parallel: int):
+        self.spec = spec
+        self.space = space
+        self.device = device
+        self.settings = settings
+        self.kernel = kernel_api.get(spec.kernel)
+        self.study = optuna.create_study(
+            study_name=spec.name,
+            storage=storage,
+            direction="minimize",
+            sampler=make_sampler(settings, space, seed, n_parallel),
+            load_if_exists=True,
+        )
+        self.grid = spaces.grid_size(space)
+        self._seen: dict[str, float | None] = {}  # config -> latency (None = failed)
+        self._asks_left = 20 * settings.trials + self.grid
+        self.pruned = 0
+        self._resume()
+
+    # -- resume ---------------------------------------------------------------------
+    def _resume(self) -> None:
+        """Load what a previous run finished; re-queue trials a killed driver left running."""
+        fresh = len(self.study.trials) == 0
+        for t in self.study.get_trials(deepcopy=False):
+            key = config_key(t.params)
+            if t.state == TrialState.COMPLETE:
+                self._seen[key] = t.value
+            elif t.state == TrialState.FAIL and t.user_attrs.get(ATTR_STATUS) == "failed":
+                self._seen[key] = None
+            elif t.state == TrialState.PRUNED:
+                self.pruned += 1
+            elif t.state in (TrialState.RUNNING, TrialState.WAITING):
+                if t.state == TrialState.RUNNING:
+                    # A trial left running by a killed driver has no result: it is
+                    # closed as failed (no status attr) and its config queued again.
+                    self.study.tell(t.number, state=TrialState.FAIL)
+                if t.params:
+                    self.study.enqueue_trial(t.params, skip_if_exists=True)
+        if fresh and self.settings.warm_start:
+            default = {k: v for k, v in self.kernel.default_config.items() if k in self.space}
+            missing = set(self.space) - set(default)
+            # Only enqueue when the default is a point of this space.
+            if not missing and all(default[k] in self.space[k] for k in default):
+                self.study.enqueue_trial(default)
+
+    # -- the budget -----------------------------------------------------------------
+    @property
+    def measured(self) -> int:
+        """Distinct configs measured (succeeded or failed): what the budget counts."""
+        return len(self._seen)
+
+    def done(self, in_flight: int = 0) -> bool:
+        return (self.measured + in_flight >= self.settings.trials
+                or self.measured + in_flight >= self.grid - self.pruned
+                or self._asks_left <= 0)
+
+    # -- ask / tell -----------------------------------------------------------------
+    def ask(self, in_flight: int = 0) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
+        """The next config worth measuring, or None when the study has nothing left."""
+        while not self.done(in_flight):
+            self._asks_left -= 1
+            trial = self.study.ask()
+            config = {name: trial.suggest_categorical(name, choices)
+                      for name, choices in self.space.items()}
+            reason = self.kernel.check_config(
+                {**self.kernel.default_config, **config}, self.spec.shape, self.device)
+            if reason:
+                self.pruned += 1
+                trial.set_user_attr(ATTR_STATUS, "pruned")
+                trial.set_user_attr(ATTR_REASON, reason)
+                self.study.tell(trial, state=TrialState.PRUNED)
+                continue
+            key = config_key(config)
+            if key in self._seen:
+                # Samplers repeat themselves on small spaces; answer from what we know.
+                trial.set_user_attr(ATTR_STATUS, "duplicate")
+                value = self._seen[key]
+                if value is None:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                else:
+                    self.study.tell(trial, value)
+                continue
+            self._seen[key] = math.nan  # claimed: in flight
+            return trial, config
+        return None
+
+    def tell(self, trial: optuna.trial.Trial, config: Mapping[str, Any],
+             result: TrialResult) -> None:
+        trial.set_user_attr(ATTR_RESULT, _jsonable(result.to_dict()))
+        key = config_key(config)
+        if result.ok:
+            trial.set_user_attr(ATTR_STATUS, "measured")
+            self._seen[key] = result.latency_ms
+            self.study.tell(trial, result.latency_ms)
+        else:
+            trial.set_user_attr(ATTR_STATUS, "failed")
+            trial.set_user_attr(ATTR_REASON, result.reason)
+            self._seen[key] = None
+            self.study.tell(trial, state=TrialState.FAIL)
+
+    def release(self, config: Mapping[str, Any]) -> None:
+        """Forget a claimed config whose measurement never came back (lost worker)."""
+        self._seen.pop(config_key(config), None)
+
+    # -- results --------------------------------------------------------------------
+    def best(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(config, result dict) of the fastest measured trial, or None."""
+        measured = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if t.user_attrs.get(ATTR_STATUS) == "measured"]
+        if not measured:
+            return None
+        t = min(measured, key=lambda t: t.value)
+        return dict(t.params), dict(t.user_attrs.get(ATTR_RESULT, {}))
+
+    def counts(self) -> dict[str, int]:
+        out = {"measured": 0, "failed": 0, "pruned": 0, "duplicate": 0}
+        for t in self.study.get_trials(deepcopy=False):
+            status = t.user_attrs.get(ATTR_STATUS)
+            if status in out:
+                out[status] += 1
+        return out
+
+    def failures(self) -> list[tuple[dict[str, Any], str]]:
+        return [(dict(t.params), t.user_attrs.get(ATTR_REASON, ""))
+                for t in self.study.get_trials(deepcopy=False)
+                if t.user_attrs.get(ATTR_STATUS) == "failed"]
+
+    def set_attr(self, key: str, value: Any) -> None:
+        self.study.set_user_attr(key, _jsonable(value))
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.study.user_attrs.get(key, default)
+
+
+def _jsonable(value: Any) -> Any:
+    """Optuna stores attrs as JSON: NaN becomes None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

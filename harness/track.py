@@ -1,0 +1,116 @@
+"""Tracking: the only module that talks to MLflow.
+
+Run layout (one scheme, so that the UI's comparison views line up):
+- a parent run per experiment invocation (tag ``harness.level=experiment``),
+- a child run per study (``harness.level=study``; tags hardware, kernel, shape, dtype),
+  holding the study's summary metrics and step-indexed trial history,
+- a grandchild run per measured trial (``harness.level=trial``) with the config as
+  params and the measurement as metrics, so trials of a study compare side by side.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+TRIAL_METRICS = ("latency_ms", "p20_ms", "p80_ms", "tflops", "gbps", "roofline",
+                 "max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2", "compile_s")
+
+
+def tracking_uri(configured: str | None) -> str:
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _finite(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class Tracker:
+    """MLflow runs for one experiment invocation."""
+
+    def __init__(self, uri: str | None, experiment: str):
+        self.uri = tracking_uri(uri)
+        mlflow.set_tracking_uri(self.uri)
+        self.client = MlflowClient(self.uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = (exp.experiment_id if exp is not None
+                              else self.client.create_experiment(experiment))
+
+    def _alive(self, run_id: str | None) -> bool:
+        if not run_id:
+            return False
+        try:
+            return self.client.get_run(run_id).info.lifecycle_stage == "active"
+        except mlflow.exceptions.MlflowException:
+            return False
+
+    def start_run(self, name: str, tags: Mapping[str, str], parent: str | None = None,
+                  resume: str | None = None) -> str:
+        """Create a run, or reopen ``resume`` (a resumed experiment continues its runs)."""
+        if self._alive(resume):
+            self.client.update_run(resume, status="RUNNING")
+            return resume  # type: ignore[return-value]
+        all_tags = dict(tags)
+        if parent:
+            all_tags["mlflow.parentRunId"] = parent
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        return run.info.run_id
+
+    def log(self, run_id: str, params: Mapping[str, Any] | None = None,
+            metrics: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
+            step: int = 0) -> None:
+        import time
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, now, step) for k, v in _finite(metrics or {}).items()],
+            params=[Param(k, str(v)) for k, v in (params or {}).items()],
+            tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
+        )
+
+    def log_trial(self, study_run: str, number: int, config: Mapping[str, Any],
+                  result: Mapping[str, Any], status: str) -> str:
+        """One grandchild run per measured trial, plus the study run's history."""
+        tags = {"harness.level": "trial", "harness.status": status,
+                "harness.trial": str(number)}
+        if result.get("reason"):
+            tags["harness.failure_reason"] = str(result["reason"])[:5000]
+        extra = result.get("extra") or {}
+        if extra.get("node_id"):
+            tags["harness.node_id"] = str(extra["node_id"])
+        run_id = self.start_run(f"trial-{number}", tags, parent=study_run)
+        metrics = {k: result.get(k) for k in TRIAL_METRICS}
+        metrics["failed"] = 0.0 if status == "measured" else 1.0
+        self.log(run_id, params=config, metrics=metrics)
+        self.client.set_terminated(run_id, "FINISHED" if status == "measured" else "FAILED")
+        if status == "measured":
+            self.log(study_run, metrics={"trial_latency_ms": result.get("latency_ms")},
+                     step=number)
+        return run_id
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def finish(self, run_id: str, ok: bool = True) -> None:
+        self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")

@@ -1,0 +1,407 @@
+"""MoE grouped GEMM (contiguous grouped layout), as used by the expert FFNs of an MoE layer.
+
+``A`` [M, K] holds the routed rows sorted by expert, ``offsets`` int32 [E + 1] marks where
+each expert's rows start (``offsets[0] = 0``, ``offsets[E] = M``), ``W`` [E, N, K] holds one
+``nn.Linear``-layout weight per expert, and ``out[rows of e] = A[rows of e] @ W[e]^T``.
+
+The kernel needs no host sync and no per-call host preparation: each program reads the
+offsets vector itself, turns the per-expert row counts into per-expert m-block counts and
+their prefix sum, and maps its virtual m-block to (expert, local block) from that.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# Launch options that only the AMD backend knows: the NVIDIA backend raises on them, so
+# they are passed only where the config has them and the GPU is a ROCm one.
+_AMD_KWARGS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+# Programs of the persistent variant when there is no GPU to ask (the interpreter): small,
+# so that each program still loops over several tiles.
+_CPU_PROGRAMS = 4
+
+
+@triton.jit
+def _gemm_tile(
+    tile,
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    e_idx,
+    starts,
+    ends,
+    nblk,
+    cum,
+    num_pid_m,
+    num_pid_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One BLOCK_M x BLOCK_N output tile; ``tile`` indexes the (virtual m-block, n-tile)
+    grid, whose m-blocks run over the experts' blocks back to back."""
+    # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
+    # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_n = (tile % num_pid_in_group) // group_size_m
+
+    # Empty experts add nothing to cum, so counting cum <= pid_m skips them.
+    expert = tl.sum((cum <= pid_m).to(tl.int32), 0)
+    sel = e_idx == expert
+    blk0 = tl.sum(tl.where(sel, cum - nblk, 0), 0)
+    row0 = tl.sum(tl.where(sel, starts, 0), 0)
+    row_end = tl.sum(tl.where(sel, ends, 0), 0)
+
+    rows = row0 + (pid_m - blk0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < row_end
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # 64-bit row and expert offsets: M*K and E*N*K may pass 2**31 elements. The last
+    # dimensions are contiguous by contract (the launcher checks), so the K offsets carry
+    # no stride and the compiler sees unit stride: vector loads and cp.async pipelining.
+    a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = (
+        w_ptr
+        + expert.to(tl.int64) * stride_we
+        + cols.to(tl.int64)[:, None] * stride_wn
+        + offs_k[None, :]
+    )
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+            b = tl.load(w_ptrs, mask=col_mask[:, None], other=0.0)
+        else:
+            k_mask = offs_k < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+        if UPCAST:
+            # The interpreter's bf16 dot is wrong; fp32 tiles give the exact answer.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    tl.store(
+        out_ptrs,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & col_mask[None, :],
+    )
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    offs_ptr,
+    N,
+    K,
+    E,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    NUM_PROGS,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+
+    # Per-expert m-block counts and their prefix sum, from the device-side offsets.
+    e_idx = tl.arange(0, E_PAD)
+    e_mask = e_idx < E
+    starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
+    ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
+    nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(nblk, 0)  # inclusive: expert e owns virtual blocks [cum-nblk, cum)
+    num_pid_m = tl.sum(nblk, 0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    total_tiles = num_pid_m * num_pid_n
+
+    if PERSISTENT:
+        # Grid = number of SMs; each program strides over the exact tile count.
+        for tile in tl.range(pid, total_tiles, NUM_PROGS):
+            _gemm_tile(
+                tile, a_ptr, w_ptr, out_ptr, N, K,
+                stride_am, stride_we, stride_wn, stride_om,
+                e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, UPCAST, IEEE,
+            )  # fmt: skip
+    else:
+        # The grid is an upper bound on the tiles; the programs past the real count idle.
+        if pid < total_tiles:
+            _gemm_tile(
+                pid, a_ptr, w_ptr, out_ptr, N, K,
+                stride_am, stride_we, stride_wn, stride_om,
+                e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, UPCAST, IEEE,
+            )  # fmt: skip
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+_sm_cache: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    """Programs of the persistent grid: one per SM (CU on AMD), or a few on the CPU."""
+    if device.type != "cuda":
+        return _CPU_PROGRAMS
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_cache:
+        _sm_cache[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_cache[idx]
+
+
+def counts_to_offsets(counts: list[int]) -> list[int]:
+    """Per-expert row counts -> the [E + 1] offsets list."""
+    offs = [0]
+    for c in counts:
+        offs.append(offs[-1] + int(c))
+    return offs
+
+
+def make_grouped_inputs(
+    counts: list[int], N: int, K: int, dtype: str, seed: int, device: str
+) -> Inputs:
+    """Inputs for explicit per-expert row counts (tests use it to force empty experts)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    E = len(counts)
+    offs = counts_to_offsets(counts)
+    M = offs[-1]
+    tdt = _TORCH_DTYPES[dtype]
+    a = torch.randn(M, K, generator=g, dtype=torch.float32)
+    # 1/sqrt(K) keeps every output element ~N(0, 1) whatever K is.
+    w = torch.randn(E, N, K, generator=g, dtype=torch.float32) / math.sqrt(K)
+    return {
+        "a": a.to(tdt).to(device),
+        "w": w.to(tdt).to(device),
+        "offsets": torch.tensor(offs, dtype=torch.int32).to(device),
+        # The eager loop slices on the host; a CPU copy spares it a device sync.
+        "offsets_host": offs,
+    }
+
+
+class GroupedGemm(Kernel):
+    """Contiguous grouped GEMM: ``out[M, N] = A[rows of e] @ W[e]^T`` for each expert e."""
+
+    name: ClassVar[str] = "grouped_gemm"
+    dims: ClassVar[tuple[str, ...]] = ("M", "N", "K", "E")
+    # M (routed rows) varies per batch and is matched by nearest; the layer fixes the rest.
+    exact_dims: ClassVar[tuple[str, ...]] = ("N", "K", "E")
+    default_config: ClassVar[dict[str, Any]] = {
+        "BLOCK_M": 64,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 3,
+        "PERSISTENT": 0,
+    }
+    shapes: ClassVar[dict[str, dict[str, int]]] = {
+        # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
+        # expert FFN 1408, 8192 tokens routed to top-6.
+        "deepseek-v3-16b": {"M": 8192 * 6, "N": 1408, "K": 2048, "E": 64},
+        "test": {"M": 320, "N": 128, "K": 128, "E": 4},
+    }
+
+    # -- inputs and semantics ---------------------------------------------------------
+    def make_inputs(self, shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
+        """Random routing with realistic imbalance: expert popularity is log-normal
+        (sigma 0.5: the hottest of 64 experts gets ~3x the mean load, as with a trained
+        router), and each expert is unused with probability 1/16, so empty experts occur;
+        then the M rows are drawn from that distribution."""
+        s = self.validate_shape(shape)
+        M, N, K, E = s["M"], s["N"], s["K"], s["E"]
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        probs = torch.exp(0.5 * torch.randn(E, generator=g))
+        unused = torch.rand(E, generator=g) < 1 / 16
+        if bool(unused.all()):
+            unused[0] = False
+        probs = torch.where(unused, torch.zeros_like(probs), probs)
+        if M > 0:
+            picks = torch.multinomial(probs, M, replacement=True, generator=g)
+            counts = torch.bincount(picks, minlength=E).tolist()
+        else:
+            counts = [0] * E
+        # A different seed stream for the data, so the data does not depend on routing.
+        return make_grouped_inputs(counts, N, K, dtype, seed + 7919, device)
+
+    def reference(self, inputs: Inputs, shape: Shape) -> torch.Tensor:
+        a, w, offs = inputs["a"], inputs["w"], inputs["offsets_host"]
+        out = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float32, device=a.device)
+        for e in range(w.shape[0]):
+            lo, hi = offs[e], offs[e + 1]
+            if hi > lo:
+                out[lo:hi] = a[lo:hi].float() @ w[e].float().t()
+        return out
+
+    def eager(self, inputs: Inputs, shape: Shape) -> torch.Tensor:
+        """The loop users write: one torch.mm per expert into a preallocated output.
+        The loop runs over the host offsets, so it is static under torch.compile."""
+        a, w, offs = inputs["a"], inputs["w"], inputs["offsets_host"]
+        out = torch.empty(a.shape[0], w.shape[1], dtype=a.dtype, device=a.device)
+        for e in range(w.shape[0]):
+            lo, hi = offs[e], offs[e + 1]
+            if hi > lo:
+                torch.mm(a[lo:hi], w[e].t(), out=out[lo:hi])
+        return out
+
+    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+        cfg = {**self.default_config, **config}
+        a, w, offsets = inputs["a"], inputs["w"], inputs["offsets"]
+        M, K = a.shape
+        E, N, _ = w.shape
+        if a.stride(1) != 1 or w.stride(2) != 1:
+            raise ValueError("grouped_gemm: A and W need a contiguous K dimension")
+        out = torch.empty(M, N, dtype=a.dtype, device=a.device)
+        bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+        persistent = int(cfg["PERSISTENT"])
+
+        # Virtual m-blocks: sum_e ceil(cnt_e / BM) <= M // BM + E, known without a sync.
+        tiles_bound = (M // bm + E) * triton.cdiv(N, bn)
+        num_progs = max(1, min(_num_sms(a.device), tiles_bound)) if persistent else 1
+        grid = (num_progs if persistent else max(1, tiles_bound),)
+
+        launch_kw: dict[str, Any] = {
+            "num_warps": int(cfg["num_warps"]),
+            "num_stages": int(cfg["num_stages"]),
+        }
+        if a.device.type == "cuda" and torch.version.hip is not None:
+            launch_kw.update({k: cfg[k] for k in _AMD_KWARGS if k in cfg})
+
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        kernel = _grouped_gemm_kernel[grid]
+        args = (
+            a, w, out, offsets, N, K, E,
+            a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+            num_progs,
+        )  # fmt: skip
+        meta = {
+            "E_PAD": max(2, _next_pow2(E)),
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": bk,
+            "GROUP_M": int(cfg["GROUP_M"]),
+            "PERSISTENT": persistent,
+            "EVEN_K": K % bk == 0,
+            "UPCAST": interpreted and a.dtype != torch.float32,
+            # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
+            "IEEE": a.dtype == torch.float32,
+            **launch_kw,
+        }
+
+        def run() -> torch.Tensor:
+            kernel(*args, **meta)
+            return out
+
+        return run
+
+    # -- cost model -------------------------------------------------------------------
+    def flops(self, shape: Shape) -> float:
+        return 2.0 * shape["M"] * shape["N"] * shape["K"]
+
+    def bytes_moved(self, shape: Shape, dtype: str) -> float:
+        M, N, K, E = (int(shape[d]) for d in self.dims)
+        item = torch.tensor([], dtype=_TORCH_DTYPES[dtype]).element_size()
+        return float((M * K + E * N * K + M * N) * item + (E + 1) * 4)
+
+    # -- accuracy and validity --------------------------------------------------------
+    def tolerance(self, dtype: str, config: Config) -> Tolerance:
+        # Outputs are O(1); the error is the final rounding to the input dtype plus fp32
+        # summation order. fp32 runs with IEEE products (no TF32), hence the tight bound.
+        return {
+            "fp32": Tolerance(1e-4, 1e-4),
+            "fp16": Tolerance(1e-2, 1e-2),
+        }.get(dtype, Tolerance(2e-2, 2e-2))
+
+    def check_config(self, config: Config, shape: Shape, device: DeviceSpec) -> str | None:
+        cfg = {**self.default_config, **config}
+        bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+        warps, stages = int(cfg["num_warps"]), int(cfg["num_stages"])
+        N, K = int(shape["N"]), int(shape["K"])
+
+        # AMD launch knobs are refused by the NVIDIA backend; the launcher drops them
+        # there, so such a config would only repeat the one without them.
+        amd_keys = [k for k in _AMD_KWARGS if k in config]
+        if amd_keys and device.vendor != "amd":
+            return f"{', '.join(amd_keys)}: AMD-only launch options on a {device.vendor} device"
+        # tl.dot needs every tile dimension >= 16 and arange needs powers of two.
+        for name, v in (("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk)):
+            if v < 16 or v & (v - 1):
+                return f"{name}={v}: must be a power of two >= 16"
+        if int(cfg["GROUP_M"]) < 1:
+            return f"GROUP_M={cfg['GROUP_M']}: must be >= 1"
+        # A tile more than twice the padded dimension is mostly masked-out work.
+        if bn > max(16, _next_pow2(N)):
+            return f"BLOCK_N={bn} > next_pow2(N)={_next_pow2(N)}"
+        if bk > max(16, _next_pow2(K)):
+            return f"BLOCK_K={bk} > next_pow2(K)={_next_pow2(K)}"
+        # Shared memory: the software pipeline keeps num_stages A and W tiles resident;
+        # the epilogue's layout conversion reuses that space, so it only counts when larger.
+        # check_config does not see the dtype: 2 bytes (bf16/fp16, the tuned dtypes) is
+        # assumed; an fp32 config that does not fit fails at compile time instead.
+        # AMD's stream pipeliner holds one stage in registers, so it needs one LDS buffer
+        # fewer than it has stages.
+        item = 2
+        buffers = max(1, stages - 1) if device.vendor == "amd" else stages
+        smem = max(buffers * (bm * bk + bn * bk) * item, bm * bn * item)
+        if smem > device.smem_per_block:
+            return f"shared memory ~{smem} B > {device.smem_per_block} B per block"
+        # Registers: the fp32 accumulator is spread over the threads; beyond 256 fp32
+        # values a thread (half the 255-register file is already the operands'
+        # fragments and addresses) it spills for certain.
+        if bm * bn > 256 * 256:
+            return f"accumulator {bm}x{bn} is larger than 256x256"
+        lanes = 64 if device.vendor == "amd" else 32
+        per_thread = bm * bn // (warps * lanes)
+        if per_thread > 256:
+            return f"{per_thread} accumulator values per thread > 256 (num_warps={warps})"
+        # AMD: more than 8 wavefronts of 64 lanes per workgroup leaves too few VGPRs each.
+        if device.vendor == "amd" and warps > 8:
+            return f"num_warps={warps} > 8 on AMD"
+        return None
