@@ -86,6 +86,18 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from harness.bench import CASES_FILE, run_bench
+
+    command = "kharness bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "kharness bench"
+    report = run_bench(args.out, args.kernel or None, command,
+                       cases_file=args.cases or CASES_FILE, budget_s=args.budget_s,
+                       log=lambda m: console.print(m, markup=False))
+    console.print(f"bench: {len(report['cases'])} cases in {report['wall_s']:.0f} s -> "
+                  f"{args.out}/{report['environment']['hardware']}/bench.md")
+    return 1 if report.get("errors") else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kharness", description=__doc__.splitlines()[0])
     p.add_argument("--log-level", default="WARNING",
@@ -98,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress or table; pack paths only")
     r.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
     r.set_defaults(func=_cmd_run)
+    b = sub.add_parser("bench", help="every zoo kernel vs its baselines on this GPU")
+    b.add_argument("--out", default="benchmarks/results", help="results root")
+    b.add_argument("--kernel", action="append", help="only these kernels (repeatable)")
+    b.add_argument("--cases", help="cases YAML (default: benchmarks/cases.yaml)")
+    b.add_argument("--budget-s", type=float, default=540.0,
+                   help="stop starting new cases after this many seconds")
+    b.set_defaults(func=_cmd_bench)
     return p
 
 

@@ -92,6 +92,11 @@ class Kernel(ABC):
         traceable. Defaults to the reference."""
         return self.reference(inputs, shape)
 
+    def baselines(self) -> dict[str, Callable[[Inputs, Shape], Callable[[], Any]]]:
+        """Extra implementations users would pick instead (library calls), by name, for
+        the benchmark: each maps (inputs, shape) to a zero-arg callable."""
+        return {}
+
     @abstractmethod
     def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
         """Return a callable that launches ``config`` once and returns the output.

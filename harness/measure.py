@@ -271,16 +271,22 @@ class Measurer:
     def measure_eager(self, kernel: Kernel, shape: Shape, dtype: str, seed: int,
                       compiled: bool = False) -> TrialResult:
         """Time the family's PyTorch implementation (the speed-up baseline)."""
+        if compiled:
+            import torch
+
+            eager = torch.compile(kernel.eager)
+            return self.measure_fn(kernel, shape, dtype, seed, lambda i, s: lambda: eager(i, s))
+        return self.measure_fn(kernel, shape, dtype, seed,
+                               lambda i, s: lambda: kernel.eager(i, s))
+
+    def measure_fn(self, kernel: Kernel, shape: Shape, dtype: str, seed: int,
+                   make: Callable[[dict, Shape], Callable[[], Any]],
+                   peaks: Mapping[str, float] | None = None) -> TrialResult:
+        """Time any implementation of the problem (baselines): ``make(inputs, shape)``
+        returns a zero-arg callable. Its error is reported, never a reason to skip it."""
         try:
             self._problem(kernel, shape, dtype, seed)
-            inputs = self._inputs
-            if compiled:
-                import torch
-
-                eager = torch.compile(kernel.eager)
-                fn = lambda: eager(inputs, shape)
-            else:
-                fn = lambda: kernel.eager(inputs, shape)
+            fn = make(self._inputs, shape)
             out = fn()
             _sync()
             acc = compare(out, self._ref, kernel.tolerance(dtype, kernel.default_config))
@@ -288,8 +294,12 @@ class Measurer:
             p20, p50, p80, timer = time_fn(fn, self.timing)
         except Exception as exc:
             return _failure(_classify(exc), exc)
-        acc["ok"] = True  # the baseline is timed even where it is less accurate
-        return self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, math.nan, None)
+        if "max_abs_err" not in acc:  # shape mismatch or NaN: still timed, error unknown
+            acc.update(max_abs_err=math.nan, max_rel_err=math.nan, frac_within_1e3=math.nan,
+                       frac_within_1e2=math.nan)
+        res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, math.nan, peaks)
+        res.extra["accuracy"] = acc.get("reason") or "within tolerance"
+        return res
 
     def _result(self, kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks):
         bound = roofline_ms(kernel, shape, dtype, peaks or {})

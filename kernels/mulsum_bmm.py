@@ -201,6 +201,13 @@ class _BmmPattern(Kernel):
         return torch.cat([self._broadcast(x, y, lo, min(lo + rows, extent))
                           for lo in range(0, extent, rows)], dim=self.chunk_axis)
 
+    def baselines(self) -> dict[str, Callable[[Inputs, Shape], Callable[[], Any]]]:
+        """The library rewrite users would reach for: torch.bmm, fp32 and tf32."""
+        return {
+            "torch.bmm fp32": lambda i, s: self.launcher(i, s, {"IMPL": "bmm", "ALLOW_TF32": 0}),
+            "torch.bmm tf32": lambda i, s: self.launcher(i, s, {"IMPL": "bmm", "ALLOW_TF32": 1}),
+        }
+
     def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
         cfg = {**self.default_config, **config}
         s = self.validate_shape(shape)

@@ -1,0 +1,189 @@
+"""The ``bench`` job: every zoo kernel at its seed shapes against its baselines.
+
+Each case is measured side by side in one process on one GPU, so every ratio comes from
+the same run: the pack's config for this device (runtime lookup, as an application would
+get it), the kernel's default config, PyTorch eager, ``torch.compile`` of eager, any
+extra baselines the family names (library calls users would pick instead), and the
+roofline bound from the device's measured ceilings. All timing goes through
+``harness.measure`` (CUDA events via ``triton.testing.do_bench``, median, L2 flushed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness import hardware, kernel_api, packs
+from harness.measure import Measurer, Timing, TrialResult, device_peaks, roofline_ms
+
+CASES_FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "cases.yaml"
+
+
+@dataclass(frozen=True)
+class Case:
+    kernel: str
+    shape_name: str
+    dtype: str
+    compile: bool = True  # time torch.compile of eager too
+
+
+def load_cases(path: str | Path = CASES_FILE, only: list[str] | None = None) -> list[Case]:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    cases = [Case(c["kernel"], c["shape"], c["dtype"], bool(c.get("compile", True)))
+             for c in data.get("cases", [])]
+    if only:
+        cases = [c for c in cases if c.kernel in only]
+    return cases
+
+
+def _row(name: str, res: TrialResult, note: str = "") -> dict[str, Any]:
+    return {"variant": name, "ok": res.ok, "reason": res.reason, "note": note,
+            "p20_ms": res.p20_ms, "median_ms": res.latency_ms, "p80_ms": res.p80_ms,
+            "tflops": res.tflops, "gbps": res.gbps, "roofline": res.roofline,
+            "max_abs_err": res.max_abs_err, "max_rel_err": res.max_rel_err}
+
+
+def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
+               seed: int = 0) -> dict[str, Any]:
+    fam = kernel_api.get(case.kernel)
+    shape = fam.shapes[case.shape_name]
+    hit = packs.lookup_entry(fam.name, case.dtype, hw, **shape)
+    rows = []
+    tuned = measurer.measure(fam, shape, case.dtype, hit.config, seed, peaks)
+    rows.append(_row("tuned", tuned, f"pack {hit.source}" + (f" ({hit.shape_key})"
+                                                             if hit.source == "nearest" else "")))
+    default = measurer.measure(fam, shape, case.dtype, fam.default_config, seed, peaks)
+    rows.append(_row("default config", default))
+    rows.append(_row("eager", measurer.measure_eager(fam, shape, case.dtype, seed)))
+    if case.compile:
+        t0 = time.perf_counter()
+        res = measurer.measure_eager(fam, shape, case.dtype, seed, compiled=True)
+        rows.append(_row("torch.compile", res, f"compiled in {time.perf_counter() - t0:.0f} s"))
+    for name, make in _extra_baselines(fam).items():
+        rows.append(_row(name, measurer.measure_fn(fam, shape, case.dtype, seed, make, peaks)))
+    bound = roofline_ms(fam, shape, case.dtype, peaks)
+    tuned_ms = tuned.latency_ms if tuned.ok else math.nan
+    for r in rows:
+        r["tuned_speedup"] = (r["median_ms"] / tuned_ms
+                              if r["ok"] and tuned_ms == tuned_ms else math.nan)
+    return {"kernel": fam.name, "shape_name": case.shape_name, "shape": fam.shape_key(shape),
+            "dtype": case.dtype, "pack_config": hit.config, "pack_source": hit.source,
+            "roofline_ms": bound, "flops": fam.flops(shape),
+            "bytes": fam.bytes_moved(shape, case.dtype), "rows": rows}
+
+
+def _extra_baselines(fam: kernel_api.Kernel) -> dict[str, Callable[[dict, dict], Callable]]:
+    """The family's ``baselines()``: name -> (inputs, shape) -> zero-arg callable."""
+    return dict(fam.baselines())
+
+
+def environment(command: str) -> dict[str, Any]:
+    import torch
+    import triton
+
+    env: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda or getattr(torch.version, "hip", None),
+        "python": sys.version.split()[0],
+    }
+    spec = hardware.current_device()
+    env.update({"device_name": spec.name, "hardware": spec.key, "sm_count": spec.sm_count})
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        env["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        env["driver"] = None
+    return env
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        f"# Benchmarks on {env['device_name']} ({env['hardware']})",
+        "",
+        f"- date: {env['date']}; driver {env.get('driver')}; torch {env['torch']}; "
+        f"triton {env['triton']}; CUDA {env['cuda']}",
+        f"- command: `{env['command']}`",
+        "- timing: `triton.testing.do_bench`, CUDA events, median of the repetitions (p20-p80 "
+        "shown), warm-up first, L2 cleared before every repetition, fresh random inputs.",
+        f"- measured ceilings: {json.dumps(report['peaks'])}",
+        "",
+    ]
+    for c in report["cases"]:
+        lines += [
+            f"## {c['kernel']} `{c['shape_name']}` ({c['shape']}, {c['dtype']})",
+            "",
+            f"roofline bound {_fmt(c['roofline_ms'], '.4g')} ms; pack config ({c['pack_source']}): "
+            f"`{json.dumps(c['pack_config'], sort_keys=True)}`",
+            "",
+            "| variant | median ms | p20-p80 ms | tuned is faster by | % roofline "
+            "| max abs err | note |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in c["rows"]:
+            if not r["ok"]:
+                lines.append(f"| {r['variant']} | failed | | | | | {r['reason'][:120]} |")
+                continue
+            roof = (c["roofline_ms"] / r["median_ms"] * 100
+                    if c["roofline_ms"] == c["roofline_ms"] else math.nan)
+            lines.append(
+                f"| {r['variant']} | {_fmt(r['median_ms'], '.4g')} | "
+                f"{_fmt(r['p20_ms'], '.4g')}-{_fmt(r['p80_ms'], '.4g')} | "
+                f"{_fmt(r['tuned_speedup'], '.2f')}x | {_fmt(roof, '.0f')} | "
+                f"{_fmt(r['max_abs_err'], '.2g')} | {r['note']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
+              cases_file: str | Path = CASES_FILE, budget_s: float = 540.0,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Benchmark every case, write ``<out_dir>/<hardware>/bench.{json,md}``."""
+    t0 = time.monotonic()
+    spec = hardware.current_device()
+    measurer = Measurer(Timing())
+    peaks = device_peaks(spec)
+    report: dict[str, Any] = {"environment": environment(command), "peaks": peaks, "cases": []}
+    for case in load_cases(cases_file, kernels):
+        left = budget_s - (time.monotonic() - t0)
+        if left < 20:
+            log(f"bench: out of time budget, skipping {case}")
+            report.setdefault("skipped", []).append(case.__dict__)
+            continue
+        if left < 120 and case.compile:
+            case = Case(case.kernel, case.shape_name, case.dtype, compile=False)
+        log(f"bench: {case.kernel} {case.shape_name} {case.dtype}")
+        try:
+            report["cases"].append(bench_case(case, measurer, peaks, spec.key))
+        except Exception as exc:  # one broken case must not lose the others' results
+            report.setdefault("errors", []).append({**case.__dict__, "error": repr(exc)[:500]})
+            log(f"bench: {case} failed: {exc!r}"[:500])
+        _write(out_dir, spec.key, report)
+    report["wall_s"] = time.monotonic() - t0
+    _write(out_dir, spec.key, report)
+    return report
+
+
+def _write(out_dir: str | Path, hw: str, report: dict[str, Any]) -> None:
+    d = Path(out_dir) / hw
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+    (d / "bench.md").write_text(markdown(report))
