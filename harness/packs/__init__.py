@@ -1,4 +1,5 @@
-"""Config packs: the format (``format``) and the runtime lookup (``lookup``).
+"""Config packs: the format (``format``), the runtime lookup (``lookup``) and S3
+distribution (``s3``, imported on use: it needs boto3).
 
 Applications import only this package (and the kernels): no Ray, Optuna or MLflow.
 """
@@ -11,11 +12,17 @@ from harness.packs.lookup import (
     load,
     lookup,
     lookup_entry,
+    misses,
+    reset_stats,
+    runtime_versions,
     search_path,
     stats,
+    strict,
+    write_misses,
 )
 
 __all__ = [
     "Hit", "PackError", "PackWarning", "configure", "freeze", "load", "lookup",
-    "lookup_entry", "pack_path", "read", "search_path", "stats", "write",
+    "lookup_entry", "misses", "pack_path", "read", "reset_stats", "runtime_versions",
+    "search_path", "stats", "strict", "write", "write_misses",
 ]

@@ -1,27 +1,52 @@
 """Runtime lookup: the frozen config for this device and these arguments.
 
 No tuning happens here, and nothing heavier than torch is imported. The device is
-detected once; each (hardware, kernel) pack is loaded lazily, validated, and cached.
+detected once; each (hardware, kernel) pack is loaded lazily, validated, and cached; each
+distinct (kernel, dtype, hardware, shape) is resolved once and then served from a plain
+dict (the fast path of ``lookup``).
+
+Order: the exact shape, then the kernel's nearest shape (``Kernel.shape_distance``), then
+the kernel's default config. A pack is rejected as a whole, with one warning naming the
+file, if it is unreadable, fails the schema or its checksum, is filed under the wrong
+hardware or kernel, or holds a config that fails the kernel's own ``check_config`` for its
+shape on that hardware: the application then runs on defaults and never crashes.
+
+Entries tuned under another Triton or torch release (provenance ``triton``/``torch``, local
+build suffixes such as ``+cu130`` ignored) are used with one warning per file; strict mode
+(``configure(strict=True)`` or ``HARNESS_PACKS_STRICT=1``) refuses them and uses the
+default config instead, also with one warning per file.
+
+A lookup that falls back to the default config is a *miss*; one served by the nearest
+entry is a *near-miss*. Both are counted (``stats``) and recorded per distinct shape
+(``misses()``); ``write_misses(path)`` turns them into experiment YAML for tuning those
+shapes later, and ``HARNESS_PACKS_MISSES=path`` does that when the interpreter exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import re
+import sys
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from harness import hardware, kernel_api
 from harness.packs import format as fmt
 
 SHIPPED = Path(__file__).resolve().parents[2] / "packs"
+_HERE = str(Path(__file__).resolve().parents[1])  # harness/: frames to skip in warnings
 
 
 class PackWarning(UserWarning):
-    """Lookup fell back (no pack, bad pack, or no entry for the shape)."""
+    """Lookup fell back (no pack, bad pack, no entry for the shape) or used an entry tuned
+    under another Triton/torch version."""
 
 
 @dataclass(frozen=True)
@@ -32,13 +57,39 @@ class Hit:
     path: str | None
 
 
-_lock = threading.Lock()
-_cache: dict[tuple[str, str], tuple[dict[str, Any] | None, str | None]] = {}
+@dataclass
+class _Entry:
+    key: str
+    shape: dict[str, int]
+    config: dict[str, Any]
+    version_note: str | None  # why it was tuned under "another version", else None
+
+
+@dataclass
+class _Pack:
+    data: dict[str, Any]
+    where: str
+    by_dtype: dict[str, list[_Entry]] = field(default_factory=dict)
+    rejected: str | None = None  # why the file was rejected (then it has no entries)
+
+
+_lock = threading.RLock()
+_cache: dict[tuple[str, str], _Pack | None] = {}
+# The fast path: (kernel, dtype, hardware_key, shape items) -> [config, source, miss record].
+_fast: dict[tuple, list] = {}
 _warned: set[tuple] = set()
 _paths: list[Path] | None = None
+_strict: bool | None = None
+_UNSET: Any = object()
+
+#: Lookups served, by source ("nearest" = near-misses, "default" = misses). Counted on
+#: every call (without a lock: the counts are approximate under threads).
 stats = {"exact": 0, "nearest": 0, "default": 0}
+# (kernel, dtype, hardware, shape key) -> record; see misses().
+_misses: dict[tuple[str, str, str, str], dict[str, Any]] = {}
 
 
+# -- configuration ------------------------------------------------------------------------
 def search_path() -> list[Path]:
     """Where packs are looked for, first match wins: ``configure()``, then
     ``$HARNESS_PACKS`` (os.pathsep-separated), then ./packs, then the shipped packs."""
@@ -50,76 +101,329 @@ def search_path() -> list[Path]:
     return [Path.cwd() / "packs", SHIPPED]
 
 
-def configure(paths: list[str | Path] | None) -> None:
-    """Set the pack search path (None: back to the default) and drop cached packs."""
-    global _paths
+def strict() -> bool:
+    """Whether entries tuned under another Triton/torch version are refused."""
+    if _strict is not None:
+        return _strict
+    return os.environ.get("HARNESS_PACKS_STRICT", "").strip().lower() in ("1", "true", "yes")
+
+
+def configure(paths: list[str | Path] | None = _UNSET, *, strict: bool | None = _UNSET) -> None:
+    """Set the pack search path (None: back to the default) and/or strict mode (None: back
+    to ``$HARNESS_PACKS_STRICT``). Arguments not given stay as they are. Drops cached
+    packs and resolved lookups (not the stats or the recorded misses)."""
+    global _paths, _strict
     with _lock:
-        _paths = [Path(p) for p in paths] if paths is not None else None
+        if paths is not _UNSET:
+            _paths = [Path(p) for p in paths] if paths is not None else None
+        if strict is not _UNSET:
+            _strict = strict
         _cache.clear()
+        _fast.clear()
         _warned.clear()
+
+
+def reset_stats() -> None:
+    """Zero ``stats`` and forget the recorded misses."""
+    with _lock:
+        for k in stats:
+            stats[k] = 0
+        _misses.clear()
+        _fast.clear()  # its slots point at the forgotten miss records
+
+
+# -- warnings -----------------------------------------------------------------------------
+def _stacklevel() -> int:
+    """Point a warning at the first frame outside harness/ (the application's call)."""
+    level, f = 1, sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(_HERE):
+        f = f.f_back
+        level += 1
+    return level
 
 
 def _warn_once(key: tuple, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, PackWarning, stacklevel=4)
+        warnings.warn(message, PackWarning, stacklevel=_stacklevel())
 
 
-def load(hardware_key: str, kernel: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The validated pack for (hardware, kernel), or (None, None). Cached."""
-    ck = (hardware_key, kernel)
+# -- versions -----------------------------------------------------------------------------
+def _release(version: str) -> str:
+    """'2.11.0+cu130' -> '2.11.0': local build suffixes do not change generated code."""
+    return version.split("+", 1)[0].strip()
+
+
+@cache
+def runtime_versions() -> dict[str, str | None]:
+    """The Triton and torch versions of this process (without importing them)."""
+    out: dict[str, str | None] = {}
+    for name in ("triton", "torch"):
+        mod = sys.modules.get(name)
+        v = getattr(mod, "__version__", None) if mod is not None else None
+        if v is None:
+            import importlib.metadata  # ~20 ms: only when the module is not loaded yet
+
+            try:
+                v = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                v = None
+        out[name] = str(v) if v else None
+    return out
+
+
+def _version_note(provenance: dict[str, Any]) -> str | None:
+    notes = []
+    for name, now in runtime_versions().items():
+        tuned = provenance.get(name)
+        if not tuned:
+            notes.append(f"{name} unrecorded")
+        elif now and _release(str(tuned)) != _release(now):
+            notes.append(f"{name} {tuned} (this process: {now})")
+    if notes and all(n.endswith("unrecorded") for n in notes) and not strict():
+        return None  # nothing to compare against: only strict mode cares
+    return ", ".join(notes) or None
+
+
+# -- loading ------------------------------------------------------------------------------
+def _check_pack(data: dict[str, Any], where: str, hw: str, fam: kernel_api.Kernel) -> _Pack:
+    """What lookup needs from a pack that passed the schema and checksum: it is for this
+    hardware and kernel, and every config passes the kernel's own check_config."""
+    if data["hardware"] != hw:
+        raise fmt.PackError(f"{where}: the pack is for hardware {data['hardware']!r}, "
+                            f"not {hw!r} (copied into the wrong directory?)")
+    if data["kernel"] != fam.name:
+        raise fmt.PackError(f"{where}: the pack is for kernel {data['kernel']!r}, "
+                            f"not {fam.name!r}")
+    spec = hardware.spec_for_key(hw)
+    pack = _Pack(data, where)
+    for dtype, by_shape in data["kernels"].get(fam.name, {}).items():
+        rows = pack.by_dtype.setdefault(dtype, [])
+        for skey, entry in by_shape.items():
+            at = f"{where}: kernels.{fam.name}.{dtype}.{skey}"
+            try:
+                shape = fam.validate_shape(fam.parse_shape_key(skey))
+            except (KeyError, ValueError) as exc:
+                raise fmt.PackError(f"{at}: not a {fam.name} shape key ({exc})") from None
+            try:
+                why = fam.check_config(entry["config"], shape, spec)
+            except Exception as exc:  # a kernel's own check must not take the app down
+                why = f"check_config raised {type(exc).__name__}: {exc}"
+            if why:
+                raise fmt.PackError(f"{at}: config fails {fam.name}'s constraints on {hw}: "
+                                    f"{why}")
+            rows.append(_Entry(skey, shape, dict(entry["config"]),
+                               _version_note(entry.get("provenance") or {})))
+    return pack
+
+
+def _load(hw: str, fam: kernel_api.Kernel) -> _Pack | None:
+    ck = (hw, fam.name)
     with _lock:
         if ck in _cache:
             return _cache[ck]
-    data: dict[str, Any] | None = None
-    where: str | None = None
-    for root in search_path():
-        path = fmt.pack_path(root, hardware_key, kernel)
-        if not path.is_file():
-            continue
-        try:
-            data = fmt.read(path)
-            where = str(path)
-        except fmt.PackError as exc:
-            _warn_once(("bad", str(path)), f"ignoring pack: {exc}; using defaults")
-        break
-    with _lock:
-        _cache[ck] = (data, where)
-    return data, where
+        pack = None
+        for root in search_path():
+            path = fmt.pack_path(root, hw, fam.name)
+            if not path.is_file():
+                continue
+            try:
+                pack = _check_pack(fmt.read(path), str(path), hw, fam)
+            except fmt.PackError as exc:
+                _warn_once(("bad", str(path)), f"ignoring pack: {exc}; using defaults")
+                pack = _Pack({}, str(path), rejected=str(exc))
+            break  # the first pack found is the one used, good or bad
+        _cache[ck] = pack
+        return pack
 
 
-def lookup_entry(kernel: str, dtype: str = "bf16", hardware_key: str | None = None,
-                 **shape: int) -> Hit:
-    """Exact shape, then the kernel's nearest shape, then its default config."""
-    fam = kernel_api.get(kernel)
+def load(hardware_key: str, kernel: str | kernel_api.Kernel
+         ) -> tuple[dict[str, Any] | None, str | None]:
+    """The validated pack for (hardware, kernel) and its path, or (None, None). Cached."""
+    fam = kernel if isinstance(kernel, kernel_api.Kernel) else kernel_api.get(kernel)
+    pack = _load(hardware_key, fam)
+    return (pack.data, pack.where) if pack and not pack.rejected else (None, None)
+
+
+# -- lookup -------------------------------------------------------------------------------
+def _record_miss(label: str, fam: kernel_api.Kernel, dtype: str, hw: str, shape: dict,
+                 skey: str, source: str, entry: str | None, why: str) -> dict[str, Any]:
+    rec = _misses.get((label, dtype, hw, skey))
+    if rec is None:
+        rec = _misses[(label, dtype, hw, skey)] = {
+            "kernel": label, "family": fam.name, "dtype": dtype, "hardware": hw,
+            "shape": dict(shape), "shape_key": skey, "calls": 0}
+    rec.update(source=source, entry=entry, why=why)
+    return rec
+
+
+def _resolve(kernel: str | kernel_api.Kernel, dtype: str, hardware_key: str | None,
+             shape: dict[str, Any]) -> tuple[Hit, list]:
+    """The slow path: find the entry, count it, warn, and fill the fast path."""
+    fam = kernel if isinstance(kernel, kernel_api.Kernel) else kernel_api.get(kernel)
+    label = kernel if isinstance(kernel, str) else fam.name
     hw = hardware_key or hardware.current_device().key
-    shape = fam.validate_shape(shape)
-    skey = fam.shape_key(shape)
-    data, where = load(hw, fam.name)
-    entries = fmt.entries(data, fam.name, dtype) if data else {}
-    if skey in entries:
-        stats["exact"] += 1
-        return Hit(dict(entries[skey]["config"]), "exact", skey, where)
-    best, best_d = None, math.inf
-    for key in entries:
-        try:
-            d = fam.shape_distance(shape, fam.parse_shape_key(key))
-        except (KeyError, ValueError):
+    norm = fam.validate_shape(shape)
+    skey = fam.shape_key(norm)
+    with _lock:
+        pack = _load(hw, fam)
+        rows = pack.by_dtype.get(dtype, []) if pack else []
+        best: _Entry | None = None
+        best_d = math.inf
+        for row in rows:
+            if row.key == skey:
+                best, best_d = row, 0.0
+                break
+            try:
+                d = fam.shape_distance(norm, row.shape)
+            except (KeyError, ValueError):
+                continue
+            if d < best_d:
+                best, best_d = row, d
+        source, why = "default", ""
+        if best is not None:
+            source = "exact" if best.key == skey else "nearest"
+            if best.version_note and strict():
+                _warn_once(("strict", pack.where),
+                           f"{pack.where}: strict mode refuses entries tuned under another "
+                           f"version ({best.key}: {best.version_note}); using "
+                           f"{fam.name}'s default config for them")
+                why = f"strict mode refused {best.key} ({best.version_note})"
+                best, source = None, "default"
+            elif best.version_note:
+                _warn_once(("version", pack.where),
+                           f"{pack.where}: using entries tuned under another version "
+                           f"({best.key}: {best.version_note}); set HARNESS_PACKS_STRICT=1 "
+                           f"to refuse them")
+        if best is None:
+            if pack is not None and pack.rejected:
+                why = f"{pack.where} was rejected"  # and said so once, naming the file
+            elif pack is None:
+                why = f"no {hw} pack for {fam.name}"
+                _warn_once(("nopack", hw, fam.name),
+                           f"{why} (looked in {', '.join(map(str, search_path()))}): using "
+                           f"{fam.name}'s default config")
+            elif not rows or best_d == math.inf:
+                why = f"{pack.where} has no {dtype} entry near {skey}"
+                # Once per dims that must match: a new batch size is not a new warning.
+                _warn_once(("miss", hw, fam.name, dtype,
+                            tuple(norm[d] for d in fam.exact_dims)),
+                           f"{why}: using {fam.name}'s default config")
+            hit = Hit(dict(fam.default_config), "default", None, None)
+        else:
+            hit = Hit(dict(best.config), source, best.key, pack.where)
+            why = f"nearest entry {best.key}" if source == "nearest" else ""
+        rec = None
+        if source != "exact":
+            rec = _record_miss(label, fam, dtype, hw, norm, skey, source, hit.shape_key, why)
+            rec["calls"] += 1
+        stats[source] += 1
+        slot = [MappingProxyType(dict(hit.config)), source, rec]
+        _fast[(kernel, dtype, hardware_key, tuple(shape.items()))] = slot
+    return hit, slot
+
+
+def lookup_entry(kernel: str | kernel_api.Kernel, dtype: str = "bf16",
+                 hardware_key: str | None = None, **shape: int) -> Hit:
+    """Exact shape, then the kernel's nearest shape, then its default config, with where
+    the config came from. ``kernel``: a registered name, an import path, or an instance."""
+    return _resolve(kernel, dtype, hardware_key, shape)[0]
+
+
+def lookup(kernel: str | kernel_api.Kernel, dtype: str = "bf16",
+           hardware_key: str | None = None, **shape: int) -> MappingProxyType:
+    """The frozen config for ``kernel`` at ``shape`` on this device (see lookup_entry).
+
+    Returns a read-only mapping, shared by every call with the same arguments: copy it
+    (``dict(cfg)``) to change it. After the first call for a given set of arguments this
+    is a single dict probe.
+    """
+    slot = _fast.get((kernel, dtype, hardware_key, tuple(shape.items())))
+    if slot is None:
+        return _resolve(kernel, dtype, hardware_key, shape)[1][0]
+    stats[slot[1]] += 1
+    if slot[2] is not None:
+        slot[2]["calls"] += 1
+    return slot[0]
+
+
+# -- misses -------------------------------------------------------------------------------
+def misses() -> list[dict[str, Any]]:
+    """One record per distinct (kernel, dtype, hardware, shape) that was not an exact hit:
+    kernel, family, dtype, hardware, shape, shape_key, source ("default" = miss, "nearest"
+    = near-miss), entry (the pack entry used), why, calls."""
+    with _lock:
+        return [dict(r, shape=dict(r["shape"])) for r in _misses.values()]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "kernel"
+
+
+def write_misses(path: str | Path, include_nearest: bool = True) -> list[Path]:
+    """Write the recorded misses as experiment YAML (README "Experiment files"), one
+    experiment per kernel: ``path`` itself when one kernel missed, else
+    ``<stem>_<kernel><suffix>`` per kernel next to it. Returns the files written (none if
+    nothing missed). Near-misses are included unless ``include_nearest`` is False.
+
+    Kernels that no Kernel family describes (``harness.autotune`` with an ad-hoc name)
+    cannot be tuned by ``kharness run`` and are left out with a warning.
+    """
+    import datetime as dt
+
+    import yaml
+
+    path = Path(path)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rec in misses():
+        if rec["source"] == "nearest" and not include_nearest:
             continue
-        if d < best_d:
-            best, best_d = key, d
-    if best is not None:
-        stats["nearest"] += 1
-        return Hit(dict(entries[best]["config"]), "nearest", best, where)
-    stats["default"] += 1
-    why = (f"no {hw} pack for {fam.name}" if data is None
-           else f"{where} has no {dtype} entry near {skey}")
-    _warn_once(("miss", hw, fam.name, dtype, skey),
-               f"{why}: using {fam.name}'s default config")
-    return Hit(dict(fam.default_config), "default", None, None)
+        groups.setdefault(rec["kernel"], []).append(rec)
+    plans = []
+    for label, recs in sorted(groups.items()):
+        try:
+            fam = kernel_api.get(label)
+        except (KeyError, ImportError, AttributeError, TypeError):
+            warnings.warn(f"misses of {label!r} not written: it is not a registered kernel "
+                          "family or import path", PackWarning, stacklevel=2)
+            continue
+        recs.sort(key=lambda r: (r["hardware"], r["dtype"], [r["shape"][d] for d in fam.dims]))
+        shapes: list[dict[str, int]] = []
+        for r in recs:
+            if r["shape"] not in shapes:
+                shapes.append(r["shape"])
+        dtypes = sorted({r["dtype"] for r in recs if r["dtype"] in fam.dtypes})
+        if not dtypes:
+            continue
+        hw = sorted({r["hardware"] for r in recs})
+        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        head = [f"# Shapes that missed the {fam.name} packs, recorded by harness.packs "
+                f"({now}).", "# Tune them with: kharness run <this file>", "#"]
+        head += [f"#   {r['hardware']} {r['dtype']} {r['shape_key']}: {r['source']}"
+                 f"{' (' + r['why'] + ')' if r['why'] else ''}, {r['calls']} calls"
+                 for r in recs]
+        doc = {"name": _safe(f"misses-{fam.name}"), "kernel": label, "shapes": shapes,
+               "dtypes": dtypes, "hardware": hw, "output": {"packs_dir": "packs"}}
+        plans.append((fam.name, "\n".join(head) + "\n"
+                      + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)))
+    if len(plans) == 1:
+        targets = [path]
+    else:
+        targets = [path.with_name(f"{path.stem}_{_safe(n)}{path.suffix or '.yaml'}")
+                   for n, _ in plans]
+    for target, (_, text) in zip(targets, plans, strict=True):
+        fmt.write_text(target, text)
+    return targets
 
 
-def lookup(kernel: str, dtype: str = "bf16", hardware_key: str | None = None,
-           **shape: int) -> dict[str, Any]:
-    """The frozen config for ``kernel`` at ``shape`` on this device (see lookup_entry)."""
-    return lookup_entry(kernel, dtype, hardware_key, **shape).config
+def _write_misses_at_exit() -> None:
+    path = os.environ.get("HARNESS_PACKS_MISSES")
+    if not path or not _misses:
+        return
+    try:
+        write_misses(path)
+    except Exception as exc:  # never turn a clean exit into a traceback
+        print(f"harness.packs: could not write misses to {path}: {exc}", file=sys.stderr)
+
+
+atexit.register(_write_misses_at_exit)

@@ -1,0 +1,528 @@
+"""``kharness packs``: list, show, diff, merge, push, pull and export config packs.
+
+``harness.cli.build_parser`` registers this group with ``add_parser(sub)``. Exit codes: 0
+success, 2 bad input (bad URL, unknown hardware, missing or damaged pack, conflicting
+inputs), 1 anything else (the remote end, the network).
+
+Decisions, for the README:
+
+- ``merge``: inputs are pack files and online-tuning record files (the JSON lists that
+  ``harness.autotune(online=True)`` writes). Packs of different hardware keys are never
+  merged into one file: ``--out`` refuses them, ``--dir`` writes each (hardware, kernel)
+  to its own pack, merged with the pack already there. For the same (kernel, dtype,
+  shape) the entry with the lower measured latency wins (``--policy fastest``, default;
+  ties: the newer provenance date), or the newer one (``--policy newest``). Every config
+  must pass the kernel's ``check_config`` on that hardware.
+- ``export --format vllm-moe``: our M counts routed rows (tokens x top_k); vLLM keys its
+  configs by tokens, so ``--top-k`` is required (there is no safe default: 2 for Mixtral,
+  6 for DeepSeek-V2, 8 for DeepSeek-V3) and batch size = M / top_k. vLLM's file N is the
+  expert intermediate size; by default it is our N (an up-projection entry, gate and up
+  unfused); ``--fused-gate-up`` halves it for vLLM's fused w13 layout [E, 2N, K].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+class _BadInput(Exception):
+    pass
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _dirs(args: argparse.Namespace) -> list[Path]:
+    from harness import packs
+
+    dirs = [Path(d) for d in args.dir] if getattr(args, "dir", None) else packs.search_path()
+    unique: dict[Path, Path] = {}
+    for d in dirs:  # ./packs is the shipped directory when run in the repository
+        unique.setdefault(d.resolve(), d)
+    return list(unique.values())
+
+
+def _read(path: str | Path) -> dict[str, Any]:
+    from harness.packs import format as fmt
+
+    try:
+        return fmt.read(path)
+    except fmt.PackError as exc:
+        raise _BadInput(str(exc)) from None
+
+
+def _find(dirs: list[Path], hw: str, kernel: str | None) -> list[Path]:
+    """The packs that lookup would use for ``hw`` (first directory wins per kernel)."""
+    found: dict[str, Path] = {}
+    for root in dirs:
+        for path in sorted((root / hw).glob("*.json")) if (root / hw).is_dir() else []:
+            if path.name.startswith("."):
+                continue
+            if kernel is None or path.stem == kernel:
+                found.setdefault(path.stem, path)
+    return [found[k] for k in sorted(found)]
+
+
+def _known_hw(dirs: list[Path]) -> list[str]:
+    return sorted({p.name for d in dirs if d.is_dir() for p in d.iterdir()
+                   if p.is_dir() and not p.name.startswith(".")})
+
+
+def _target(spec: str, kernel: str | None, dirs: list[Path]) -> list[Path]:
+    """A pack file, or a hardware key resolved through the search path."""
+    p = Path(spec)
+    if p.suffix == ".json" or p.is_file():
+        if not p.is_file():
+            raise _BadInput(f"{spec}: no such pack file")
+        return [p]
+    paths = _find(dirs, spec, kernel)
+    if not paths:
+        what = f"{kernel} pack" if kernel else "packs"
+        raise _BadInput(f"no {what} for hardware {spec!r} in {', '.join(map(str, dirs))} "
+                        f"(hardware with packs: {', '.join(_known_hw(dirs)) or 'none'})")
+    return paths
+
+
+def _cfg(config: dict[str, Any] | None) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted((config or {}).items()))
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g} ms"
+
+
+# -- list / show --------------------------------------------------------------------------
+def _cmd_list(args: argparse.Namespace, console: Any) -> int:
+    from harness.packs import format as fmt
+
+    rows, seen = [], set()
+    dirs = _dirs(args)
+    for root in dirs:
+        for path in sorted(root.glob("*/*.json")) if root.is_dir() else []:
+            if path.name.startswith(".") or path.parent.name.startswith("."):
+                continue
+            row: dict[str, Any] = {"hardware": path.parent.name, "kernel": path.stem,
+                                   "path": str(path)}
+            try:
+                data = fmt.read(path)
+                ents = list(fmt.iter_entries(data))
+                row.update(status="ok", entries=len(ents),
+                           dtypes=sorted({d for _, d, _, _ in ents}),
+                           triton=sorted({str(e["provenance"].get("triton", "?"))
+                                          for *_, e in ents}))
+            except fmt.PackError as exc:
+                row.update(status=f"rejected: {exc}", entries=0, dtypes=[], triton=[])
+            if (row["hardware"], row["kernel"]) in seen:
+                row["status"] = "shadowed (an earlier directory has it)"
+            seen.add((row["hardware"], row["kernel"]))
+            rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"no packs in {', '.join(map(str, dirs))}")
+        return 0
+    for r in rows:
+        print(f"{r['hardware']:<8} {r['kernel']:<18} {r['entries']:>4} entries  "
+              f"{','.join(r['dtypes']) or '-':<10} triton {','.join(r['triton']) or '-':<8} "
+              f"{r['status']:<4}  {r['path']}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace, console: Any) -> int:
+    from harness.packs import format as fmt
+
+    paths = _target(args.target, args.kernel, _dirs(args))
+    datas = [(p, _read(p)) for p in paths]
+    if args.json:
+        print(json.dumps(datas[0][1] if len(datas) == 1 else {str(p): d for p, d in datas},
+                         indent=1, sort_keys=True))
+        return 0
+    for path, data in datas:
+        print(f"{path}: {data['hardware']} / {data['kernel']}")
+        for kname, dtype, skey, e in fmt.iter_entries(data):
+            prov = e.get("provenance", {})
+            print(f"  {kname} {dtype} {skey}\n    {_cfg(e['config'])}\n"
+                  f"    latency {_ms(e['metrics'].get('latency_ms'))}  "
+                  f"device {prov.get('device_name', '?')}  triton {prov.get('triton', '?')}  "
+                  f"torch {prov.get('torch', '?')}  {prov.get('date', '')}")
+    return 0
+
+
+# -- diff ---------------------------------------------------------------------------------
+def _cmd_diff(args: argparse.Namespace, console: Any) -> int:
+    from harness.packs import format as fmt
+
+    dirs = _dirs(args)
+    a_paths = _target(args.a, args.kernel, dirs)
+    b_paths = _target(args.b, args.kernel, dirs)
+    pairs: list[tuple[Path | None, Path | None]]
+    if len(a_paths) == 1 and len(b_paths) == 1:
+        pairs = [(a_paths[0], b_paths[0])]
+    else:  # two hardware keys: pair their packs by kernel
+        ka = {p.stem: p for p in a_paths}
+        kb = {p.stem: p for p in b_paths}
+        pairs = [(ka.get(k), kb.get(k)) for k in sorted(set(ka) | set(kb))]
+    out = []
+    for pa, pb in pairs:
+        da = _read(pa) if pa else {"kernels": {}}
+        db = _read(pb) if pb else {"kernels": {}}
+        out.append({"a": str(pa) if pa else None, "b": str(pb) if pb else None,
+                    "rows": fmt.diff(da, db)})
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    for d in out:
+        print(f"--- {d['a'] or '(none)'}\n+++ {d['b'] or '(none)'}")
+        if not d["rows"]:
+            print("  (no differences)")
+        for r in d["rows"]:
+            lat = f"{_ms(r['latency_ms_a'])} -> {_ms(r['latency_ms_b'])}"
+            if r["latency_ratio"] is not None:
+                lat += f" ({(r['latency_ratio'] - 1) * 100:+.1f}%)"
+            head = f"{r['kernel']} {r['dtype']} {r['shape']}"
+            if r["change"] == "added":
+                print(f"+ {head}: {_cfg(r['config_b'])}  {lat}")
+            elif r["change"] == "removed":
+                print(f"- {head}: {_cfg(r['config_a'])}  {lat}")
+            elif r["change"] == "config":
+                changes = ", ".join(f"{k} {r['config_a'].get(k, '-')} -> "
+                                    f"{r['config_b'].get(k, '-')}" for k in r["changed_keys"])
+                print(f"~ {head}: {changes}  {lat}")
+            else:
+                print(f"~ {head}: same config  {lat}")
+    return 0
+
+
+# -- merge --------------------------------------------------------------------------------
+def records_to_packs(records: list[Any], where: str) -> list[dict[str, Any]]:
+    """Online-tuning records (harness.autotune) as unsigned packs, one per (hw, kernel)."""
+    from harness.packs import format as fmt
+
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, r in enumerate(records):
+        at = f"{where}[{i}]"
+        try:
+            hw, kernel, dtype = r["hardware"], r["family"], r["dtype"]
+            skey, config = r["shape_key"], dict(r["config"])
+            prov = dict(r.get("provenance") or {})
+            lat = r.get("latency_ms")
+        except (KeyError, TypeError) as exc:
+            raise _BadInput(f"{at}: not an online-tuning record (missing {exc})") from None
+        pack = out.setdefault((hw, kernel), fmt.empty(hw, kernel))
+        pack["kernels"].setdefault(kernel, {}).setdefault(dtype, {})
+        entry = {"config": config, "metrics": {"latency_ms": lat}, "provenance": prov}
+        slot = pack["kernels"][kernel][dtype]
+        if skey not in slot or fmt.better(slot[skey], entry):
+            slot[skey] = entry
+    for (hw, kernel), pack in out.items():
+        why = fmt.schema_error({**pack, "checksum": "sha256:" + "0" * 64})
+        if why:
+            raise _BadInput(f"{where}: records for {hw}/{kernel}: {why}")
+    return list(out.values())
+
+
+def _load_inputs(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    from harness.packs import format as fmt
+
+    out = []
+    for p in paths:
+        try:
+            raw = Path(p).read_bytes()
+        except OSError as exc:
+            raise _BadInput(f"{p}: cannot read: {exc.strerror or exc}") from None
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise _BadInput(f"{p}: not valid JSON (truncated or corrupted?): {exc}") from None
+        if isinstance(doc, list):
+            out += [(p, pack) for pack in records_to_packs(doc, p)]
+        else:
+            try:
+                out.append((p, fmt.validate(doc, p)))
+            except fmt.PackError as exc:
+                raise _BadInput(str(exc)) from None
+    return out
+
+
+def _check_constraints(pack: dict[str, Any], where: str) -> None:
+    """Every config must pass its family's check_config on the pack's hardware (families
+    the registry does not know, such as ad-hoc autotune kernels, are not checked)."""
+    from harness import hardware, kernel_api
+    from harness.packs import format as fmt
+
+    spec = hardware.spec_for_key(pack["hardware"])
+    for kname, dtype, skey, e in fmt.iter_entries(pack):
+        try:
+            fam = kernel_api.get(kname)
+        except (KeyError, ImportError, AttributeError, TypeError):
+            continue
+        try:
+            shape = fam.validate_shape(fam.parse_shape_key(skey))
+        except (KeyError, ValueError) as exc:
+            raise _BadInput(f"{where}: {kname}.{dtype}.{skey}: not a {kname} shape ({exc})") \
+                from None
+        why = fam.check_config(e["config"], shape, spec)
+        if why:
+            raise _BadInput(f"{where}: {kname}.{dtype}.{skey}: config fails {kname}'s "
+                            f"constraints on {pack['hardware']}: {why}")
+
+
+def _cmd_merge(args: argparse.Namespace, console: Any) -> int:
+    from harness.packs import format as fmt
+
+    inputs = _load_inputs(args.inputs)
+    for where, pack in inputs:
+        _check_constraints(pack, where)
+    groups: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
+    for where, pack in inputs:
+        groups.setdefault((pack["hardware"], pack["kernel"]), []).append((where, pack))
+    if args.out and len(groups) > 1:
+        raise _BadInput("refusing to merge packs of different hardware or kernels into one "
+                        f"file: {', '.join(f'{h}/{k}' for h, k in sorted(groups))} (use --dir "
+                        "to write one pack each)")
+    for (hw, kernel), members in sorted(groups.items()):
+        target = Path(args.out) if args.out else fmt.pack_path(args.dir_out, hw, kernel)
+        if args.dir_out and target.is_file():
+            members = [(str(target), _read(target))] + members
+        try:
+            merged = fmt.merge([p for _, p in members], args.policy, [w for w, _ in members])
+        except fmt.PackError as exc:
+            raise _BadInput(str(exc)) from None
+        fmt.write(target, merged)
+        n = sum(1 for _ in fmt.iter_entries(merged))
+        print(f"wrote {target}: {hw}/{kernel}, {n} entries from {len(members)} inputs "
+              f"(policy {args.policy})")
+    return 0
+
+
+# -- push / pull --------------------------------------------------------------------------
+def _cmd_push(args: argparse.Namespace, console: Any) -> int:
+    from harness.packs import s3
+
+    m = s3.push(args.url, args.dir or "packs", endpoint_url=args.endpoint_url,
+                replace=args.replace)
+    print(f"published {len(m['packs'])} packs to {args.url.rstrip('/')}/manifest.json "
+          f"(id {m['id']})")
+    for e in m["packs"]:
+        print(f"  {e['path']}  sha256:{e['sha256'][:12]}  {e['size']} B")
+    return 0
+
+
+def _cmd_pull(args: argparse.Namespace, console: Any) -> int:
+    from harness.packs import s3
+
+    paths = s3.pull(args.url, args.dir or "packs", endpoint_url=args.endpoint_url,
+                    manifest=args.manifest)
+    print(f"pulled {len(paths)} packs from {args.url} into {args.dir or 'packs'}")
+    for p in paths:
+        print(f"  {p}")
+    return 0
+
+
+# -- export -------------------------------------------------------------------------------
+_VLLM_KEYS = {"BLOCK_SIZE_M": "BLOCK_M", "BLOCK_SIZE_N": "BLOCK_N", "BLOCK_SIZE_K": "BLOCK_K",
+              "GROUP_SIZE_M": "GROUP_M", "num_warps": "num_warps", "num_stages": "num_stages"}
+# vLLM's dtype selector in the file name (None: no selector; bf16 and fp16 share configs).
+_VLLM_DTYPE = {"bf16": None, "fp16": None, "fp32": "float32"}
+
+
+def export_vllm_moe(data: dict[str, Any], top_k: int, dtype: str = "bf16",
+                    device_name: str | None = None, fused_gate_up: bool = False,
+                    k: int | None = None) -> dict[str, dict[str, dict[str, int]]]:
+    """vLLM fused-MoE config files from a grouped_gemm pack: file name -> {batch: config}."""
+    from harness import kernel_api
+    from harness.packs import format as fmt
+
+    fam = kernel_api.get("grouped_gemm")
+    if data["kernel"] != fam.name:
+        raise _BadInput(f"vllm-moe export needs a grouped_gemm pack, not {data['kernel']}")
+    if top_k < 1:
+        raise _BadInput("--top-k must be >= 1")
+    if dtype not in _VLLM_DTYPE:
+        raise _BadInput(f"--dtype {dtype}: vllm-moe export knows {sorted(_VLLM_DTYPE)}")
+    ents = fmt.entries(data, fam.name, dtype)
+    if not ents:
+        raise _BadInput(f"the {data['hardware']} grouped_gemm pack has no {dtype} entries")
+    if device_name is None:
+        names = Counter(str(e["provenance"].get("device_name", "")) for e in ents.values())
+        names.pop("", None)
+        if not names:
+            raise _BadInput("the pack records no device name: pass --device-name")
+        device_name = names.most_common(1)[0][0]
+    device = device_name.replace(" ", "_")  # as vLLM's get_config_file_name does
+    groups: dict[tuple[int, int], dict[int, tuple[float, dict[str, int]]]] = {}
+    ks: dict[tuple[int, int], set[int]] = {}
+    for skey, e in ents.items():
+        s = fam.parse_shape_key(skey)
+        if k is not None and s["K"] != k:
+            continue
+        if fused_gate_up and s["N"] % 2:
+            raise _BadInput(f"{skey}: --fused-gate-up needs an even N")
+        n = s["N"] // 2 if fused_gate_up else s["N"]
+        ks.setdefault((s["E"], n), set()).add(s["K"])
+        batch = max(1, round(s["M"] / top_k))
+        cfg = {**fam.default_config, **e["config"]}
+        vcfg = {vk: int(cfg[ok]) for vk, ok in _VLLM_KEYS.items()}
+        lat = fmt._latency(e)
+        slot = groups.setdefault((s["E"], n), {})
+        if batch not in slot or lat < slot[batch][0]:
+            slot[batch] = (lat, vcfg)
+    clash = {g: sorted(v) for g, v in ks.items() if len(v) > 1}
+    if clash:
+        raise _BadInput("entries with different K map to the same vLLM file "
+                        f"(E, N) -> K: {clash}; choose one with --k")
+    if not groups:
+        raise _BadInput(f"no {dtype} entries with K={k}")
+    sel = _VLLM_DTYPE[dtype]
+    out = {}
+    for (e_, n), slot in sorted(groups.items()):
+        name = f"E={e_},N={n},device_name={device}" + (f",dtype={sel}" if sel else "") + ".json"
+        out[name] = {str(b): slot[b][1] for b in sorted(slot)}
+    return out
+
+
+def _cmd_export(args: argparse.Namespace, console: Any) -> int:
+    from harness import hardware
+    from harness.packs import format as fmt
+
+    if args.pack:
+        path = Path(args.pack)
+        if not path.is_file():
+            raise _BadInput(f"{path}: no such pack file")
+    else:
+        hw = args.hardware or hardware.current_device().key
+        (path,) = _target(hw, "grouped_gemm", _dirs(args))
+    files = export_vllm_moe(_read(path), args.top_k, args.dtype, args.device_name,
+                            args.fused_gate_up, args.k)
+    out_dir = Path(args.out_dir)
+    for name, body in files.items():
+        fmt.write_text(out_dir / name, json.dumps(body, indent=4) + "\n")
+        print(f"wrote {out_dir / name}: {len(body)} batch sizes (from {path}, top_k "
+              f"{args.top_k})")
+    return 0
+
+
+# -- registration -------------------------------------------------------------------------
+def _guard(func: Any) -> Any:
+    """Bad input -> exit 2, remote trouble -> exit 1, each with one clear line."""
+    def run(args: argparse.Namespace, console: Any) -> int:
+        from harness.packs import s3
+
+        try:
+            return func(args, console)
+        except _BadInput as exc:
+            console.print(f"[bold red]error:[/] {escape(str(exc))}")
+            return EXIT_BAD_INPUT
+        except s3.S3Error as exc:
+            console.print(f"[bold red]error:[/] {escape(str(exc))}")
+            return EXIT_BAD_INPUT if exc.bad_input else EXIT_FAILED
+        except ImportError as exc:
+            console.print(f"[bold red]error:[/] {escape(str(exc))} (S3 needs: pip install "
+                          "'kernel-harness[s3]')")
+            return EXIT_FAILED
+    return run
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``kharness packs ...`` on the top-level subparsers."""
+    p = subparsers.add_parser("packs", help="list, inspect, merge, publish and export packs",
+                              description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="packs_command", required=True)
+
+    def dirs(q: argparse.ArgumentParser, help_: str) -> None:
+        q.add_argument("--dir", action="append", metavar="DIR", help=help_)
+
+    search_help = ("pack directory (repeatable; default: the lookup search path: "
+                   "$HARNESS_PACKS, ./packs, the shipped packs)")
+    q = sub.add_parser("list", help="the packs on the search path")
+    dirs(q, search_help)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_guard(_cmd_list))
+
+    q = sub.add_parser("show", help="the entries of a pack")
+    q.add_argument("target", help="a pack file, or a hardware key (H100, H200, ...)")
+    q.add_argument("--kernel", help="with a hardware key: only this kernel's pack")
+    dirs(q, search_help)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_guard(_cmd_show))
+
+    q = sub.add_parser("diff", help="configs and latencies that differ between two packs")
+    q.add_argument("a", help="a pack file (e.g. an older version) or a hardware key")
+    q.add_argument("b", help="a pack file or a hardware key")
+    q.add_argument("--kernel", help="with hardware keys: only this kernel")
+    dirs(q, search_help)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_guard(_cmd_diff))
+
+    q = sub.add_parser("merge", help="combine packs (and online-tuning records) of one "
+                       "hardware type tuned on different machines")
+    q.add_argument("inputs", nargs="+", help="pack files and/or online-tuning record files")
+    dest = q.add_mutually_exclusive_group(required=True)
+    dest.add_argument("--out", "-o", help="write one pack file (inputs of one hardware/kernel)")
+    dest.add_argument("--dir", dest="dir_out", metavar="DIR",
+                      help="merge into DIR/<hardware>/<kernel>.json, one pack per group")
+    q.add_argument("--policy", choices=["fastest", "newest"], default="fastest",
+                   help="which entry wins for the same shape (default: lower latency)")
+    q.set_defaults(func=_guard(_cmd_merge))
+
+    for name, help_ in (("push", "publish packs to S3 (objects first, manifest last)"),
+                        ("pull", "fetch the published packs from S3, verified")):
+        q = sub.add_parser(name, help=help_)
+        q.add_argument("url", help="s3://bucket/prefix")
+        q.add_argument("--dir", default=None, help="local pack directory (default: packs)")
+        q.add_argument("--endpoint-url", default=None,
+                       help="S3 endpoint (default: $AWS_ENDPOINT_URL, else AWS)")
+        if name == "push":
+            q.add_argument("--replace", action="store_true",
+                           help="publish exactly the local packs (default: add to or "
+                           "replace within the published set)")
+            q.set_defaults(func=_guard(_cmd_push))
+        else:
+            q.add_argument("--manifest", default=None, metavar="ID",
+                           help="an older published set: manifests/<ID>.json")
+            q.set_defaults(func=_guard(_cmd_pull))
+
+    q = sub.add_parser("export", help="write a pack in another framework's format")
+    q.add_argument("--format", required=True, choices=["vllm-moe"])
+    q.add_argument("--top-k", type=int, required=True,
+                   help="experts per token: vLLM keys by tokens, our M is tokens x top_k")
+    src = q.add_mutually_exclusive_group()
+    src.add_argument("--hardware", help="hardware key (default: this machine's)")
+    src.add_argument("--pack", help="a grouped_gemm pack file")
+    dirs(q, search_help)
+    q.add_argument("--dtype", default="bf16", help="pack dtype to export (default: bf16)")
+    q.add_argument("--device-name", help="vLLM device name (default: the pack's provenance, "
+                   "e.g. 'NVIDIA H200' -> NVIDIA_H200)")
+    q.add_argument("--fused-gate-up", action="store_true",
+                   help="our N is vLLM's fused gate+up width 2N: halve it in the file name")
+    q.add_argument("--k", type=int, help="only entries with this K (hidden size)")
+    q.add_argument("--out-dir", default=".", help="where to write (default: .)")
+    q.set_defaults(func=_guard(_cmd_export))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.packs_cli ...`` (the same as ``kharness packs ...``)."""
+    from rich.console import Console
+
+    parser = argparse.ArgumentParser(prog="kharness")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    try:
+        args = parser.parse_args(["packs", *(argv if argv is not None else sys.argv[1:])])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return args.func(args, Console(stderr=True, width=200))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
