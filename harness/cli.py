@@ -71,6 +71,10 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "missing_hardware": summary.missing_hardware,
             "interpreted": summary.interpreted, "mlflow_parent_run_id": summary.parent_run_id,
             "tracking_uri": summary.tracking_uri, "wall_s": summary.wall_s,
+            "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
+            "timing_fraction": summary.timing_fraction, "workers_replaced": summary.replaced,
+            "trials_retried": summary.retried, "events": summary.events,
+            "resumed": summary.resumed,
         }, default=str, indent=1))
         return 0
     out = Console()
@@ -81,6 +85,12 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     for p in summary.packs:
         out.print(f"pack: {p}")
     if not args.quiet:
+        out.print(f"wall {summary.wall_s:.1f} s; GPUs held {summary.held_s:.1f} s, of which "
+                  f"{summary.timing_s:.1f} s timing kernels "
+                  f"({_fmt(summary.timing_fraction * 100, '.0f', '%')}); "
+                  f"{summary.replaced} workers replaced, {summary.retried} trials retried")
+        for event in summary.events:
+            out.print(f"fleet: {event}")
         out.print(f"MLflow: {summary.tracking_uri} (parent run {summary.parent_run_id}); "
                   f"see it with: mlflow ui --backend-store-uri {summary.tracking_uri}")
     return 0
@@ -117,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget-s", type=float, default=540.0,
                    help="stop starting new cases after this many seconds")
     b.set_defaults(func=_cmd_bench)
+    from harness.packs_cli import add_parser as add_packs_parser
+    add_packs_parser(sub)
     return p
 
 

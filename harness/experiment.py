@@ -36,6 +36,11 @@ class SearchSettings(_Strict):
     trials: int = Field(32, ge=1, description="trials per study, the default config included")
     timeout_s: float | None = Field(None, gt=0, description="wall-clock limit for the whole run")
     warm_start: bool = Field(True, description="enqueue the default config as the first trial")
+    max_abs_err: float | None = Field(None, gt=0, description="required accuracy: a trial whose "
+                                      "max abs error exceeds it fails (on top of the kernel's "
+                                      "own tolerance)")
+    max_rel_err: float | None = Field(None, gt=0, description="likewise for the max error "
+                                      "relative to the output's largest magnitude")
 
 
 class TimingSettings(_Strict):
@@ -55,6 +60,20 @@ class OutputSettings(_Strict):
     runs_dir: str = "runs"
 
 
+class FleetSettings(_Strict):
+    wait_for_nodes_s: float = Field(
+        0.0, ge=0, description="how long to wait for an autoscaler to bring nodes of a listed "
+        "hardware key the cluster lacks (0: report it and skip its studies at once)")
+    queue_depth: int = Field(
+        2, ge=1, le=64, description="tasks queued on each worker, so that it never waits on the "
+        "driver; the worker compiles the queued configs ahead while it times the current one")
+    compile_workers: int = Field(
+        2, ge=0, le=64, description="processes per worker that compile queued configs ahead "
+        "(0: compile on first launch)")
+    max_retries: int = Field(2, ge=0, description="retries of a trial whose worker was lost")
+    start_timeout_s: float = Field(600.0, gt=0, description="how long a worker may take to start")
+
+
 class Experiment(_Strict):
     name: str = Field(..., min_length=1)
     kernel: str = Field(..., min_length=1)
@@ -67,6 +86,7 @@ class Experiment(_Strict):
     timing: TimingSettings = Field(default_factory=TimingSettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     output: OutputSettings = Field(default_factory=OutputSettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
     seed: int = 0
 
     @field_validator("name")

@@ -1,19 +1,33 @@
 """Fleet: owns Ray. Finds GPUs by hardware key, keeps one long-lived worker per GPU,
-sends it work, replaces it when a kernel poisons its context or hangs. It never decides
-what to try.
+sends it work, replaces it when a kernel poisons its context or hangs, retries a trial
+whose node died. It never decides what to try.
+
+Hardware keys come from Ray's ``accelerator_type:<name>`` node resources: Ray sets them
+itself for NVIDIA GPUs (``H100``, ``H200``, ``A100-80G``, ...); GPUs Ray does not
+recognise, such as the AMD Radeon PRO V710, need the resource declared at ``ray start
+--resources='{"accelerator_type:V710": 1}'``. A worker checks that the GPU it sees is the
+one its node advertises.
+
+Each worker keeps a queue of tasks (``queue_depth``) so that it never waits on the
+driver between trials, and compiles the queued configs ahead in child processes
+(Triton's on-disk cache carries the binaries over) while it times the current one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, WorkerCrashedError
+from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
 
 from harness import hardware
 from harness.measure import Measurer, Timing, TrialResult
@@ -22,13 +36,212 @@ log = logging.getLogger(__name__)
 
 #: How often a trial whose worker vanished (node lost) is retried elsewhere.
 MAX_RETRIES = 2
+#: How long a trial waits for its config's ahead-of-time compilation before compiling
+#: itself (the compile keeps going; only the wait is cut short).
+PRECOMPILE_WAIT_S = 120.0
+
+_LOST = (RayActorError, WorkerCrashedError)
 
 
-@ray.remote(max_restarts=0, max_task_retries=0)
+# -- compiling ahead ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's layout without its data: enough to compile a kernel for it."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+def skeleton(value: Any) -> Any:
+    """Inputs with every tensor replaced by its TensorSpec (cheap to send to a child)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return TensorSpec(tuple(value.shape), tuple(value.stride()),
+                          str(value.dtype).removeprefix("torch."), value.device.type)
+    if isinstance(value, dict):
+        return {k: skeleton(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(skeleton(v) for v in value)
+    return value
+
+
+def materialise(value: Any, device: str = "meta") -> Any:
+    """Tensors laid out as a skeleton says, on ``device``. The default, ``meta``, holds no
+    memory: a compile child must never take device memory from the worker it serves, and
+    Triton specializes a meta tensor exactly as an aligned device tensor."""
+    import torch
+
+    if isinstance(value, TensorSpec):
+        return torch.empty_strided(value.shape, value.stride, dtype=getattr(torch, value.dtype),
+                                   device=device)
+    if isinstance(value, dict):
+        return {k: materialise(v, device) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(materialise(v, device) for v in value)
+    return value
+
+
+def _config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True, default=str)
+
+
+_CHILD: dict[str, Any] = {}  # problem -> inputs a compile child built (the last two)
+
+
+def _warm_child() -> int:
+    """Import what compiling needs and open the device, before the first config comes."""
+    import importlib
+
+    import torch
+
+    for name in ("triton", "harness.kernel_api"):
+        importlib.import_module(name)
+    if torch.cuda.is_available():
+        torch.cuda.init()
+    return os.getpid()
+
+
+def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any,
+                      config: dict) -> dict[str, Any]:
+    """Runs in a compile child: the family's ``compile_only`` for one config, on meta
+    tensors. It compiles without launching or allocating, so it never touches the GPU the
+    parent is timing."""
+    t0 = time.perf_counter()
+    try:
+        from harness import kernel_api
+
+        fam = kernel_api.get(kernel)
+        if problem not in _CHILD:
+            while len(_CHILD) >= 2:
+                _CHILD.pop(next(iter(_CHILD)))
+            _CHILD[problem] = materialise(skel)
+        fam.compile_only(_CHILD[problem], shape, config)  # type: ignore[attr-defined]
+        return {"ok": True, "pid": os.getpid(), "compile_s": time.perf_counter() - t0}
+    except BaseException as exc:  # the parent measures this config anyway
+        return {"ok": False, "pid": os.getpid(), "compile_s": time.perf_counter() - t0,
+                "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+
+
+class Precompiler:
+    """Compiles configs ahead in child processes.
+
+    A family opts in with ``compile_only(inputs, shape, config)``: the same launch as its
+    launcher, compiled and not run (``JITFunction.warmup``), given inputs as meta tensors
+    (layout and dtype, no memory) on a machine whose GPU it may query. The children write
+    Triton's
+    on-disk cache, so the worker's own first launch of that config only loads the binary.
+    A failed or crashed compile is ignored: the worker's measurement compiles again and
+    reports the error as the trial's.
+    """
+
+    #: Outstanding compiles kept; the oldest are forgotten beyond this (never waited on).
+    MAX_PENDING = 1024
+
+    def __init__(self, processes: int):
+        self.processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._futures: dict[tuple[str, str], Future] = {}
+        self.submitted = 0
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            import multiprocessing
+
+            # spawn: the parent holds a CUDA context, which a fork must not inherit.
+            self._pool = ProcessPoolExecutor(self.processes,
+                                             mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def start(self) -> None:
+        """Start the children now (they take seconds to import torch and Triton), so
+        that the first configs do not wait for them."""
+        with self._lock:
+            try:
+                pool = self._executor()
+                for _ in range(self.processes):
+                    pool.submit(_warm_child)
+            except Exception as exc:
+                log.warning("compile-ahead unavailable: %s", exc)
+                self._reset()
+
+    def _reset(self) -> None:
+        pool, self._pool = self._pool, None
+        self._futures.clear()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def submit(self, problem: str, kernel: str, shape: Mapping[str, int], skel: Any,
+               configs: Iterable[Mapping[str, Any]]) -> None:
+        with self._lock:
+            for config in configs:
+                key = (problem, _config_key(config))
+                if key in self._futures:
+                    continue
+                try:
+                    self._futures[key] = self._executor().submit(
+                        _compile_in_child, kernel, dict(shape), problem, skel, dict(config))
+                    self.submitted += 1
+                except Exception as exc:  # a broken pool: start over on the next call
+                    log.warning("compile-ahead unavailable: %s", exc)
+                    self._reset()
+                    return
+            while len(self._futures) > self.MAX_PENDING:
+                self._futures.pop(next(iter(self._futures)))
+
+    def wait(self, problem: str, config: Mapping[str, Any],
+             timeout_s: float = PRECOMPILE_WAIT_S) -> dict[str, Any] | None:
+        """The ahead-of-time compile's outcome for ``config`` (None: none was started)."""
+        with self._lock:
+            fut = self._futures.pop((problem, _config_key(config)), None)
+        if fut is None:
+            return None
+        try:
+            return fut.result(timeout=timeout_s)
+        except FutureTimeout:
+            return {"ok": False, "reason": f"still compiling after {timeout_s:g} s"}
+        except Exception as exc:  # a child died (compiler crash): new children next time
+            with self._lock:
+                self._reset()
+            return {"ok": False, "reason": f"compile child lost: {type(exc).__name__}"}
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()
+
+
+def precompile_enabled() -> bool:
+    """Compiling ahead needs a real compiler; ``HARNESS_PRECOMPILE=force`` turns it on
+    under the interpreter too (the plumbing's tests), ``off`` turns it off."""
+    mode = os.environ.get("HARNESS_PRECOMPILE", "")
+    if mode == "off":
+        return False
+    return mode == "force" or not hardware.interpreted()
+
+
+def _problem_key(kernel: str, shape: Mapping[str, int], dtype: str, seed: int) -> str:
+    return json.dumps([kernel, dict(sorted(shape.items())), dtype, seed])
+
+
+# -- the worker -----------------------------------------------------------------------
+
+
+@ray.remote(max_restarts=0, max_task_retries=0,
+            concurrency_groups={"control": 1, "results": 128})
 class Worker:
-    """One per GPU (or one CPU worker running Triton's interpreter)."""
+    """One per GPU (or one CPU worker running Triton's interpreter).
 
-    def __init__(self, hardware_key: str, timing: dict[str, float]):
+    The driver ``enqueue``s numbered tasks and collects each with ``result``; one
+    thread runs them strictly in number order, so nothing else runs on the GPU while a
+    kernel is timed. Queued configs are compiled ahead by a ``Precompiler``.
+    """
+
+    def __init__(self, hardware_key: str, timing: dict[str, float], compile_workers: int = 0):
         import torch
 
         if not torch.cuda.is_available():
@@ -38,6 +251,14 @@ class Worker:
         self.spec = hardware.current_device()
         self.measurer = Measurer(Timing(**timing))
         self._peaks: dict[str, float] | None = None
+        self.poisoned = ""  # why the device context cannot be trusted any more
+        self.pre = (Precompiler(compile_workers)
+                    if compile_workers > 0 and precompile_enabled() else None)
+        if self.pre is not None:
+            self.pre.start()
+        self._skeletons: dict[str, Any] = {}  # problem -> skeleton of its inputs
+        self._stash: dict[str, list[dict]] = {}  # problem -> configs hinted before it loaded
+        self._hint_lock = threading.Lock()
         ctx = ray.get_runtime_context()
         self.where = {
             "node_id": ctx.get_node_id(),
@@ -46,7 +267,14 @@ class Worker:
             "device_name": self.spec.name,
             "pid": os.getpid(),
         }
+        self._cv = threading.Condition()
+        self._tasks: dict[int, tuple[str, tuple]] = {}
+        self._results: dict[int, dict] = {}
+        self._next = 0
+        threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
 
+    # -- the driver's interface ----------------------------------------------------------
+    @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
         import torch
         import triton
@@ -59,10 +287,47 @@ class Worker:
             "smem_per_block": self.spec.smem_per_block,
             "has_tma": self.spec.has_tma,
             "interpreted": self.spec.interpreted,
+            "precompile": self.pre is not None,
             "torch": torch.__version__,
             "triton": triton.__version__,
             "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
         }
+
+    @ray.method(concurrency_group="control")
+    def enqueue(self, seq: int, method: str, args: tuple) -> None:
+        with self._cv:
+            self._tasks[seq] = (method, args)
+            self._cv.notify_all()
+        if method == "measure" and self.pre is not None:
+            kernel, shape, dtype, config, seed = args
+            self._hint(kernel, shape, dtype, seed, [config])
+
+    @ray.method(concurrency_group="results")
+    def result(self, seq: int) -> dict[str, Any]:
+        with self._cv:
+            self._cv.wait_for(lambda: seq in self._results)
+            return self._results.pop(seq)
+
+    # -- the one thread that touches the device ------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._next in self._tasks)
+                seq = self._next
+                method, args = self._tasks.pop(seq)
+                self._next += 1
+            try:
+                if self.poisoned:
+                    out = TrialResult(ok=False, reason=f"not run: {self.poisoned}",
+                                      extra={"requeue": True}).to_dict()
+                else:
+                    out = getattr(self, f"_{method}")(*args)
+            except BaseException as exc:  # a harness bug must not kill the loop
+                out = TrialResult(ok=False, reason=f"harness error: {type(exc).__name__}: "
+                                  f"{exc}"[:400]).to_dict()
+            with self._cv:
+                self._results[seq] = out
+                self._cv.notify_all()
 
     def peaks(self) -> dict[str, float]:
         from harness.measure import device_peaks
@@ -71,21 +336,73 @@ class Worker:
             self._peaks = device_peaks(self.spec)
         return self._peaks
 
-    def measure(self, kernel: str, shape: dict, dtype: str, config: dict, seed: int) -> dict:
+    def _measure(self, kernel: str, shape: dict, dtype: str, config: dict, seed: int) -> dict:
         from harness import kernel_api
 
-        res = self.measurer.measure(kernel_api.get(kernel), shape, dtype, config, seed,
-                                    peaks=self.peaks())
+        fam = kernel_api.get(kernel)
+        pre = self._problem_loaded(kernel, fam, shape, dtype, seed, config)
+        res = self.measurer.measure(fam, shape, dtype, config, seed, peaks=self.peaks())
+        if res.fatal:
+            self.poisoned = f"the device context was poisoned by an earlier trial ({res.reason})"
         res.extra.update(self.where)
+        if pre is not None:
+            res.extra["precompile"] = pre
         return res.to_dict()
 
-    def eager(self, kernel: str, shape: dict, dtype: str, seed: int, compiled: bool) -> dict:
+    def _eager(self, kernel: str, shape: dict, dtype: str, seed: int, compiled: bool) -> dict:
         from harness import kernel_api
 
-        res = self.measurer.measure_eager(kernel_api.get(kernel), shape, dtype, seed, compiled)
+        fam = kernel_api.get(kernel)
+        self._problem_loaded(kernel, fam, shape, dtype, seed, None)
+        res = self.measurer.measure_eager(fam, shape, dtype, seed, compiled)
+        if res.fatal:
+            self.poisoned = f"the device context was poisoned by an earlier task ({res.reason})"
         res.extra.update(self.where)
         res.extra["peaks"] = self.peaks()
         return res.to_dict()
+
+    # -- compiling ahead ------------------------------------------------------------------
+    def _hint(self, kernel: str, shape: dict, dtype: str, seed: int, configs: list) -> None:
+        """Start compiling ``configs`` now if their problem's inputs are known, else as
+        soon as the task loop has built them."""
+        from harness import kernel_api
+
+        if not hasattr(kernel_api.get(kernel), "compile_only"):
+            return  # the family compiles on first launch only
+        problem = _problem_key(kernel, shape, dtype, seed)
+        with self._hint_lock:
+            skel = self._skeletons.get(problem)
+            if skel is None:
+                self._stash.setdefault(problem, []).extend(configs)
+                return
+        self.pre.submit(problem, kernel, shape, skel, configs)  # type: ignore[union-attr]
+
+    def _problem_loaded(self, kernel: str, fam: Any, shape: dict, dtype: str, seed: int,
+                        config: dict | None) -> dict[str, Any] | None:
+        """Build the problem's inputs, start the compiles hinted for it, and wait for
+        ``config``'s own (None where it has none)."""
+        if self.pre is None or not hasattr(fam, "compile_only"):
+            return None
+        problem = _problem_key(kernel, shape, dtype, seed)
+        try:
+            inputs = self.measurer.prepare(fam, shape, dtype, seed)
+        except Exception:
+            return None  # the measurement reports it
+        with self._hint_lock:
+            if problem not in self._skeletons:
+                while len(self._skeletons) >= 8:
+                    self._skeletons.pop(next(iter(self._skeletons)))
+                self._skeletons[problem] = skeleton(inputs)
+            skel = self._skeletons[problem]
+            stashed = self._stash.pop(problem, [])
+        if stashed:
+            self.pre.submit(problem, kernel, shape, skel, stashed)
+        if config is None:
+            return None
+        return self.pre.wait(problem, config)
+
+
+# -- the driver's side ------------------------------------------------------------------
 
 
 @dataclass
@@ -102,30 +419,61 @@ class Task:
 
 @dataclass
 class _Slot:
+    """One GPU's worker (replaced in place when it dies)."""
+
     hardware: str
+    ray_name: str | None
     actor: Any
+    created: float
+    ready_ref: Any = None  # info() of a worker still starting
     info: dict[str, Any] = field(default_factory=dict)
-    task: Task | None = None
-    ref: Any = None
-    started: float = 0.0
+    ready_at: float | None = None
+    queue: list[tuple[Task, Any]] = field(default_factory=list)  # in order; [0] runs
+    seq: int = 0
+    head_started: float = 0.0
 
 
 class NoHardwareError(RuntimeError):
     pass
 
 
+def check_placement(expected: str, ray_name: str | None, info: Mapping[str, Any]) -> None:
+    """Raise where a worker placed as ``expected`` sees another GPU (a node whose
+    ``accelerator_type`` resource is wrong). Interpreted workers see no GPU: no check."""
+    if info.get("interpreted") or info.get("device_key") == expected:
+        return
+    resource = f"accelerator_type:{ray_name or expected}"
+    raise NoHardwareError(
+        f"a worker placed on a node advertising {resource} (hardware {expected}) sees a "
+        f"{info.get('device_name')!r}, which is {info.get('device_key')}: fix that node's "
+        f"resources at `ray start` (a V710 node: --resources='{{\"accelerator_type:V710\": 1}}')")
+
+
 class Fleet:
     """Long-lived workers grouped by hardware key."""
 
-    def __init__(self, timing: Timing, trial_timeout_s: float):
+    def __init__(self, timing: Timing, trial_timeout_s: float, *, queue_depth: int = 2,
+                 compile_workers: int = 0, max_retries: int = MAX_RETRIES,
+                 start_timeout_s: float = 600.0):
         self.timing = {"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms,
                        "cpu_reps": timing.cpu_reps}
         self.trial_timeout_s = trial_timeout_s
+        self.queue_depth = max(1, queue_depth)
+        self.compile_workers = compile_workers
+        self.max_retries = max_retries
+        self.start_timeout_s = start_timeout_s
         self.slots: list[_Slot] = []
-        self._ray_names: dict[str, str] = {}  # hardware key -> Ray accelerator name
+        self._names: dict[str, dict[str, int]] = {}  # hardware key -> Ray name -> GPUs
+        self.nodes: dict[str, str] = {}  # node id -> hardware key (GPU nodes)
+        self.unlabelled = 0  # GPUs on nodes with no accelerator_type resource
         self.replaced = 0
+        self.retried = 0
+        self.events: list[str] = []  # what happened to workers, for the summary
         self.busy_s: dict[str, float] = {}  # worker-seconds spent on tasks, per hardware
-        self._requeue: list[Task] = []  # tasks whose worker was lost, to retry elsewhere
+        self.timing_s: dict[str, float] = {}  # seconds inside the kernel timer, per hardware
+        self._held_closed = 0.0  # GPU-held seconds of workers already gone
+        self._requeue: list[Task] = []  # tasks to send again (worker lost or replaced)
+        self._requested = False  # an autoscaler request is outstanding
 
     # -- connecting and discovering ---------------------------------------------------
     @staticmethod
@@ -145,8 +493,13 @@ class Fleet:
         return "local"
 
     def discover(self) -> dict[str, int]:
-        """GPUs in the cluster per hardware key; ``{"cpu": 1}`` where there are none."""
+        """GPUs in the cluster per hardware key; ``{"cpu": 1}`` where there are none.
+
+        A node's key comes from its ``accelerator_type:<name>`` resource. GPUs with no
+        such resource are counted in ``unlabelled`` and left out: their type is unknown.
+        """
         counts: dict[str, int] = {}
+        self._names, self.nodes, self.unlabelled = {}, {}, 0
         for node in ray.nodes():
             if not node.get("Alive"):
                 continue
@@ -155,111 +508,318 @@ class Fleet:
             if gpus <= 0:
                 continue
             names = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
-            name = names[0] if names else "GPU"
+            if not names:
+                self.unlabelled += gpus
+                continue
+            # Two names (Ray's own and a declared one) may name the same GPU: a known key
+            # wins, and a name that is the key itself (the declared one) before others.
+            name = min(names, key=lambda n: (hardware.hardware_key(n) not in
+                                             hardware.KNOWN_KEYS, hardware.hardware_key(n) != n,
+                                             n))
             key = hardware.hardware_key(name)
-            self._ray_names[key] = name
+            self.nodes[node["NodeID"]] = key
+            by_name = self._names.setdefault(key, {})
+            by_name[name] = by_name.get(name, 0) + gpus
             counts[key] = counts.get(key, 0) + gpus
-        return counts or {"cpu": 1}
+        if not counts and not self.unlabelled:
+            return {"cpu": 1}
+        return counts
+
+    def wait_for_nodes(self, keys: list[str], timeout_s: float, poll_s: float = 2.0,
+                       on_poll: Callable[[dict[str, int]], None] | None = None) -> dict[str, int]:
+        """Ask the autoscaler for one GPU of each of ``keys`` and wait up to ``timeout_s``
+        until each is in the cluster; return the GPUs found then."""
+        bundles = [{"GPU": 1, f"accelerator_type:{k}": 1} for k in keys]
+        try:
+            from ray.autoscaler import sdk
+
+            sdk.request_resources(bundles=bundles)
+            self._requested = True
+        except Exception as exc:  # no autoscaler API: waiting may still see nodes join
+            log.warning("could not ask the autoscaler for %s: %s", keys, exc)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            available = self.discover()
+            if on_poll is not None:
+                on_poll(available)
+            left = deadline - time.monotonic()
+            if all(k in available for k in keys) or left <= 0:
+                return available
+            time.sleep(min(poll_s, left))
+
+    def _release_request(self) -> None:
+        if not self._requested:
+            return
+        self._requested = False
+        try:
+            from ray.autoscaler import sdk
+
+            sdk.request_resources(bundles=[])  # the nodes may scale down again
+        except Exception as exc:
+            log.warning("could not withdraw the autoscaler request: %s", exc)
 
     # -- workers --------------------------------------------------------------------
-    def _options(self, key: str) -> dict[str, Any]:
+    def _pick_name(self, key: str) -> str | None:
+        """The Ray accelerator name with the most GPUs left for a new worker of ``key``."""
+        names = self._names.get(key)
+        if not names:
+            return None
+        used: dict[str, int] = {}
+        for s in self.slots:
+            if s.hardware == key and s.ray_name:
+                used[s.ray_name] = used.get(s.ray_name, 0) + 1
+        return max(names, key=lambda n: (names[n] - used.get(n, 0), n))
+
+    def _options(self, key: str, name: str | None) -> dict[str, Any]:
         if key == "cpu":
             return {"num_cpus": 1, "num_gpus": 0}
         return {"num_cpus": 1, "num_gpus": 1,
-                "resources": {f"accelerator_type:{self._ray_names.get(key, key)}": 0.001}}
+                "resources": {f"accelerator_type:{name or key}": 0.001}}
 
-    def _new_actor(self, key: str):
-        return Worker.options(**self._options(key)).remote(key, self.timing)
+    def _new_slot(self, key: str) -> _Slot:
+        name = self._pick_name(key)
+        actor = Worker.options(**self._options(key, name)).remote(
+            key, self.timing, self.compile_workers)
+        slot = _Slot(key, name, actor, time.monotonic())
+        slot.ready_ref = actor.info.remote()
+        return slot
 
     def start(self, wanted: Mapping[str, int]) -> dict[str, list[dict[str, Any]]]:
-        """Start ``wanted[key]`` workers per hardware key; return each worker's info."""
+        """Start ``wanted[key]`` workers per hardware key; return the info of each that
+        started within ``start_timeout_s``. Raises NoHardwareError where a worker sees
+        another GPU than its node advertises."""
+        self.launch(wanted)
+        return self.wait_started()
+
+    def launch(self, wanted: Mapping[str, int]) -> None:
+        """Create the workers (they start in the background; see ``wait_started``)."""
         for key, n in wanted.items():
             for _ in range(n):
-                self.slots.append(_Slot(key, self._new_actor(key)))
-        infos = ray.get([s.actor.info.remote() for s in self.slots])
+                self.slots.append(self._new_slot(key))
+
+    def wait_started(self) -> dict[str, list[dict[str, Any]]]:
+        """Wait for the launched workers: the info of each that started within
+        ``start_timeout_s``, by hardware key; the others are dropped."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while any(s.ready_ref is not None for s in self.slots) and time.monotonic() < deadline:
+            refs = {s.ready_ref: s for s in self.slots if s.ready_ref is not None}
+            ready, _ = ray.wait(list(refs), num_returns=len(refs),
+                                timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                self._started(refs[ref], ref, strict=True)
+        for slot in [s for s in self.slots if s.ready_ref is not None]:
+            self._drop(slot, f"{slot.hardware}: a worker did not start within "
+                             f"{self.start_timeout_s:g} s (is its GPU taken?)")
         out: dict[str, list[dict[str, Any]]] = {}
-        for slot, info in zip(self.slots, infos, strict=True):
-            slot.info = info
-            out.setdefault(slot.hardware, []).append(info)
-            if not info["interpreted"] and info["device_key"] != slot.hardware:
-                raise NoHardwareError(
-                    f"a worker placed as {slot.hardware} sees a {info['device_name']!r} "
-                    f"({info['device_key']}): check the node's accelerator_type resource")
+        for slot in self.slots:
+            out.setdefault(slot.hardware, []).append(slot.info)
         return out
 
-    def peaks(self, key: str) -> dict[str, float]:
-        slot = next(s for s in self.slots if s.hardware == key)
-        return ray.get(slot.actor.peaks.remote())
+    def _started(self, slot: _Slot, ref: Any, strict: bool = False) -> None:
+        try:
+            info = ray.get(ref)
+        except _LOST as exc:
+            self._drop(slot, f"{slot.hardware}: a worker died while starting "
+                             f"({type(exc).__name__})")
+            return
+        slot.ready_ref = None
+        try:
+            check_placement(slot.hardware, slot.ray_name, info)
+        except NoHardwareError as exc:
+            if strict:
+                raise
+            self._drop(slot, str(exc))
+            return
+        slot.info, slot.ready_at = info, time.monotonic()
 
-    def idle(self, key: str) -> int:
-        return sum(1 for s in self.slots if s.hardware == key and s.task is None)
+    def _drop(self, slot: _Slot, why: str) -> None:
+        self._close(slot)
+        if slot in self.slots:
+            self.slots.remove(slot)
+        self.events.append(why)
+        log.warning("%s", why)
 
-    def size(self, key: str) -> int:
-        return sum(1 for s in self.slots if s.hardware == key)
-
-    def in_flight(self) -> int:
-        return sum(1 for s in self.slots if s.task is not None) + len(self._requeue)
-
-    def submit(self, task: Task) -> None:
-        slot = next(s for s in self.slots if s.hardware == task.hardware and s.task is None)
-        slot.task, slot.started = task, time.monotonic()
-        slot.ref = getattr(slot.actor, task.method).remote(*task.args)
-
-    def _replace(self, slot: _Slot) -> None:
+    def _close(self, slot: _Slot) -> None:
+        """Stop the slot's actor and book its GPU-held time."""
+        if slot.ready_at is not None:
+            self._held_closed += time.monotonic() - slot.ready_at
+            slot.ready_at = None
         try:
             ray.kill(slot.actor, no_restart=True)
         except Exception:  # already dead
             pass
-        slot.actor = self._new_actor(slot.hardware)
-        self.replaced += 1
 
+    def _replace(self, slot: _Slot, why: str) -> None:
+        """Kill the slot's worker, send its queued tasks again, start a new worker."""
+        self._close(slot)
+        self._requeue[:0] = [t for t, _ in slot.queue]
+        fresh = self._new_slot(slot.hardware)
+        slot.ray_name, slot.actor, slot.created = fresh.ray_name, fresh.actor, fresh.created
+        slot.ready_ref, slot.info, slot.queue, slot.seq = fresh.ready_ref, {}, [], 0
+        self.replaced += 1
+        self.events.append(why)
+        log.warning("%s", why)
+
+    # -- sending work ---------------------------------------------------------------------
+    def _ready(self, key: str) -> list[_Slot]:
+        return [s for s in self.slots if s.hardware == key and s.ready_at is not None]
+
+    def size(self, key: str) -> int:
+        """Workers of ``key`` running now."""
+        return len(self._ready(key))
+
+    def workers(self, key: str) -> int:
+        """Workers of ``key`` running or starting."""
+        return sum(1 for s in self.slots if s.hardware == key)
+
+    def idle(self, key: str) -> int:
+        return sum(1 for s in self._ready(key) if not s.queue)
+
+    def capacity(self, key: str) -> int:
+        """How many more tasks of ``key`` the fleet takes now."""
+        room = sum(self.queue_depth - len(s.queue) for s in self._ready(key))
+        return max(0, room - sum(1 for t in self._requeue if t.hardware == key))
+
+    def in_flight(self) -> int:
+        return sum(len(s.queue) for s in self.slots) + len(self._requeue)
+
+    def _pick(self, key: str) -> _Slot | None:
+        free = [s for s in self._ready(key) if len(s.queue) < self.queue_depth]
+        return min(free, key=lambda s: len(s.queue)) if free else None
+
+    def submit(self, task: Task) -> None:
+        slot = self._pick(task.hardware)
+        if slot is None:
+            self._requeue.append(task)
+            return
+        self._send(slot, task)
+
+    def _send(self, slot: _Slot, task: Task) -> None:
+        if not slot.queue:
+            slot.head_started = time.monotonic()
+        seq, slot.seq = slot.seq, slot.seq + 1
+        slot.actor.enqueue.remote(seq, task.method, task.args)
+        slot.queue.append((task, slot.actor.result.remote(seq)))
+
+    # -- collecting -------------------------------------------------------------------
     def poll(self, timeout_s: float = 1.0) -> list[tuple[Task, TrialResult]]:
-        """Results that finished within ``timeout_s``; handles hangs and lost workers."""
-        busy = {s.ref: s for s in self.slots if s.task is not None}
+        """Results that finished within ``timeout_s``. Handles hangs (time-out, worker
+        replaced), poisoned contexts (worker replaced), lost workers (trial retried on
+        another GPU of its type) and workers that start or fail to."""
         done: list[tuple[Task, TrialResult]] = []
-        if busy:
-            ready, _ = ray.wait(list(busy), num_returns=1, timeout=timeout_s)
+        refs: dict[Any, tuple[_Slot, Task | None]] = {}
+        for slot in self.slots:
+            if slot.ready_ref is not None:
+                refs[slot.ready_ref] = (slot, None)
+            for task, ref in slot.queue:
+                refs[ref] = (slot, task)
+        if refs:
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
             if ready:  # collect everything else that is ready too, without waiting
-                ready, _ = ray.wait(list(busy), num_returns=len(busy), timeout=0)
+                ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
             for ref in ready:
-                slot = busy[ref]
-                task, slot.task = slot.task, None
-                self.busy_s[slot.hardware] = (self.busy_s.get(slot.hardware, 0.0)
-                                              + time.monotonic() - slot.started)
-                try:
-                    result = TrialResult(**ray.get(ref))
-                except (RayActorError, WorkerCrashedError) as exc:
-                    self._replace(slot)
-                    if task.tries < MAX_RETRIES:
-                        task.tries += 1
-                        self._requeue.append(task)
-                        continue
-                    result = TrialResult(ok=False, reason=f"worker lost {task.tries + 1} times: "
-                                         f"{type(exc).__name__}")
-                if result.fatal:
-                    self._replace(slot)
-                done.append((task, result))
+                slot, task = refs[ref]
+                if task is None:
+                    if slot in self.slots and slot.ready_ref is ref:
+                        self._started(slot, ref)
+                elif any(r is ref for _, r in slot.queue):  # not requeued meanwhile
+                    self._collect(slot, task, ref, done)
         else:
             time.sleep(min(timeout_s, 0.05))
+        self._check_time(done)
+        self._drain(done)
+        return done
+
+    def _collect(self, slot: _Slot, task: Task, ref: Any, done: list) -> None:
+        try:
+            raw = ray.get(ref)
+        except _LOST as exc:
+            self._lost(slot, exc, done)
+            return
+        except RayTaskError as exc:  # result() itself failed: a harness bug
+            raw = TrialResult(ok=False, reason=f"harness error: {exc}"[:400]).to_dict()
         now = time.monotonic()
-        for slot in self.slots:
-            if slot.task is not None and now - slot.started > self.trial_timeout_s:
-                task, slot.task = slot.task, None
-                self._replace(slot)
+        idx = next(i for i, (_, r) in enumerate(slot.queue) if r is ref)
+        slot.queue.pop(idx)
+        hw = slot.hardware
+        if idx == 0:
+            self.busy_s[hw] = self.busy_s.get(hw, 0.0) + now - slot.head_started
+            slot.head_started = now
+        result = TrialResult(**raw)
+        self.timing_s[hw] = self.timing_s.get(hw, 0.0) + (result.timing_s or 0.0)
+        if result.extra.get("requeue"):  # skipped by a poisoned worker: not its fault
+            self._requeue.append(task)
+            return
+        result.extra["tries"] = task.tries + 1
+        if result.fatal:
+            result.reason += "; worker replaced"
+            self._replace(slot, f"{hw}: worker on node {slot.info.get('node_id', '?')[:12]} "
+                                f"replaced after a device fault ({result.reason[:120]})")
+        done.append((task, result))
+
+    def _lost(self, slot: _Slot, exc: BaseException, done: list) -> None:
+        """The worker died under its tasks (node gone, process killed): retry the one it
+        was running elsewhere, send the rest again, start a replacement."""
+        tasks = [t for t, _ in slot.queue]
+        slot.queue = []
+        head, rest = tasks[0], tasks[1:]
+        node = slot.info.get("node_id", "?")
+        self._requeue[:0] = rest
+        if head.tries < self.max_retries:
+            head.tries += 1
+            self.retried += 1
+            self._requeue.insert(0, head)
+        else:
+            done.append((head, TrialResult(
+                ok=False, reason=f"worker lost {head.tries + 1} times (last on node "
+                f"{node[:12]}: {type(exc).__name__}); not retried again")))
+        self._replace(slot, f"{slot.hardware}: worker on node {node[:12]} lost "
+                            f"({type(exc).__name__}); its trial is retried on another "
+                            f"{slot.hardware} GPU")
+
+    def _check_time(self, done: list) -> None:
+        now = time.monotonic()
+        for slot in list(self.slots):
+            if slot.ready_ref is not None:
+                if now - slot.created > self.start_timeout_s:
+                    self._drop(slot, f"{slot.hardware}: a replacement worker did not start "
+                                     f"within {self.start_timeout_s:g} s")
+                continue
+            if slot.queue and now - slot.head_started > self.trial_timeout_s:
+                task = slot.queue.pop(0)[0]
+                self.busy_s[slot.hardware] = (self.busy_s.get(slot.hardware, 0.0)
+                                              + now - slot.head_started)
                 done.append((task, TrialResult(
                     ok=False, reason=f"timeout: no result after {self.trial_timeout_s:g} s "
-                    "(hang); worker replaced")))
-        # Retried tasks go back out on the first idle worker of their hardware.
-        while self._requeue and any(self.idle(t.hardware) for t in self._requeue):
-            task = next(t for t in self._requeue if self.idle(t.hardware))
-            self._requeue.remove(task)
-            self.submit(task)
-        return done
+                    "(hang); worker killed and replaced", extra={"tries": task.tries + 1})))
+                self._replace(slot, f"{slot.hardware}: worker on node "
+                                    f"{slot.info.get('node_id', '?')[:12]} killed after a "
+                                    f"{self.trial_timeout_s:g} s time-out")
+
+    def _drain(self, done: list) -> None:
+        """Send requeued tasks to workers of their hardware with room; fail those whose
+        hardware has no worker left at all."""
+        keep: list[Task] = []
+        for task in self._requeue:
+            slot = self._pick(task.hardware)
+            if slot is not None:
+                self._send(slot, task)
+            elif any(s.hardware == task.hardware for s in self.slots):
+                keep.append(task)  # a worker is starting
+            else:
+                done.append((task, TrialResult(
+                    ok=False, reason=f"no {task.hardware} worker left in the cluster")))
+        self._requeue = keep
+
+    # -- accounting -------------------------------------------------------------------
+    def held_s(self) -> float:
+        """GPU-held seconds: each worker from ready to gone, summed."""
+        now = time.monotonic()
+        return self._held_closed + sum(now - s.ready_at for s in self.slots
+                                       if s.ready_at is not None)
 
     def shutdown(self) -> None:
         for slot in self.slots:
-            try:
-                ray.kill(slot.actor, no_restart=True)
-            except Exception:
-                pass
+            self._close(slot)
         self.slots.clear()
+        self._release_request()

@@ -24,6 +24,8 @@ Inputs = dict[str, Any]
 BUILTIN: dict[str, str] = {
     "grouped_gemm": "kernels.grouped_gemm:GroupedGemm",
     "mamba2_ssd": "kernels.mamba2_ssd:Mamba2SSD",
+    "matmul": "kernels.matmul:Matmul",
+    "minigpt_block": "kernels.minigpt_block:MiniGPTBlock",
     "selective_scan": "kernels.selective_scan:SelectiveScan",
     "mulsum_bmm": "kernels.mulsum_bmm:MulSumBmm",
     "mulsum_ydiag": "kernels.mulsum_bmm:MulSumYDiag",

@@ -52,6 +52,7 @@ class TrialResult:
     frac_within_1e2: float = math.nan
     compile_s: float = math.nan
     timer: str = ""
+    timing_s: float = 0.0  # wall seconds spent inside the timer (the device busy timing)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,6 +231,11 @@ class Measurer:
         self._inputs: dict[str, Any] = {}
         self._ref: Any = None
 
+    def prepare(self, kernel: Kernel, shape: Shape, dtype: str, seed: int) -> dict[str, Any]:
+        """The problem's inputs (built once per problem); raises where they cannot be."""
+        self._problem(kernel, shape, dtype, seed)
+        return self._inputs
+
     def _problem(self, kernel: Kernel, shape: Shape, dtype: str, seed: int) -> None:
         key = (kernel.name, tuple(sorted(shape.items())), dtype, seed)
         if key == self._key:
@@ -262,11 +268,16 @@ class Measurer:
             for k in ("max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2"):
                 setattr(res, k, acc.get(k, math.nan))
             return res
+        t_timing = time.perf_counter()
         try:
             p20, p50, p80, timer = time_fn(fn, self.timing)
         except Exception as exc:
-            return _failure(_classify(exc), exc)
-        return self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks)
+            res = _failure(_classify(exc), exc)
+            res.timing_s = time.perf_counter() - t_timing
+            return res
+        res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks)
+        res.timing_s = time.perf_counter() - t_timing
+        return res
 
     def measure_eager(self, kernel: Kernel, shape: Shape, dtype: str, seed: int,
                       compiled: bool = False) -> TrialResult:
@@ -291,7 +302,9 @@ class Measurer:
             _sync()
             acc = compare(out, self._ref, kernel.tolerance(dtype, kernel.default_config))
             del out
+            t_timing = time.perf_counter()
             p20, p50, p80, timer = time_fn(fn, self.timing)
+            timing_s = time.perf_counter() - t_timing
         except Exception as exc:
             return _failure(_classify(exc), exc)
         if "max_abs_err" not in acc:  # shape mismatch or NaN: still timed, error unknown
@@ -299,6 +312,7 @@ class Measurer:
                        frac_within_1e2=math.nan)
         res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, math.nan, peaks)
         res.extra["accuracy"] = acc.get("reason") or "within tolerance"
+        res.timing_s = timing_s
         return res
 
     def _result(self, kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks):
@@ -334,7 +348,12 @@ def _classify(exc: BaseException) -> str:
 
 def _failure(kind: str, exc: BaseException) -> TrialResult:
     text = f"{type(exc).__name__}: {exc}".strip()
-    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    if kind == "compile error" and len(lines) > 1:
+        # Triton's message comes last, after the "at L:C:" line and the source excerpt.
+        first = f"{first} {lines[-1]}"
+    first = first[:300]
     return TrialResult(
         ok=False,
         reason=f"{kind}: {first}",

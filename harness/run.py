@@ -5,10 +5,15 @@ This module only wires the homes together; each decision lives in its own module
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+import logging
 import math
+import queue
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,11 +23,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness import experiment, kernel_api, spaces
 from harness.fleet import Fleet, NoHardwareError, Task
+from harness.hardware import spec_for_key
 from harness.kernel_api import DeviceSpec
 from harness.measure import Timing, TrialResult
 from harness.packs import format as packfmt
-from harness.search import Search, storage_url
-from harness.track import Tracker, git_sha
+from harness.search import ATTR_RESULT, ATTR_STATUS, Search, make_storage, storage_url
+from harness.track import TRIAL_METRICS, Tracker, git_sha
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,10 +58,23 @@ class Summary:
     tracking_uri: str = ""
     wall_s: float = 0.0
     busy_s: dict[str, float] = field(default_factory=dict)
+    held_s: float = 0.0  # GPU-held seconds: every worker from ready to released, summed
+    timing_s: float = 0.0  # of which inside the kernel timer (do_bench)
+    timing_fraction: float = math.nan  # timing_s / held_s: 1 - the harness's overhead
+    replaced: int = 0  # workers replaced (device fault, hang, lost)
+    retried: int = 0  # trials sent again after their worker was lost
+    events: list[str] = field(default_factory=list)
+    resumed: dict[str, Any] = field(default_factory=dict)  # what --resume found
 
 
 def _device_from_info(info: dict[str, Any]) -> DeviceSpec:
-    return DeviceSpec(key=info["worker_hardware"], vendor=info["vendor"],
+    """The study's device: what the worker sees, or, for a worker that runs the
+    interpreter on a node standing in for a GPU type (a simulated cluster), that type's
+    static spec, so that the study prunes and picks its vendor's space as on the GPU."""
+    key = info["worker_hardware"]
+    if info["interpreted"] and key != "cpu":
+        return dataclasses.replace(spec_for_key(key), interpreted=True)
+    return DeviceSpec(key=key, vendor=info["vendor"],
                       name=info["device_name"], sm_count=info["sm_count"],
                       smem_per_block=info["smem_per_block"], has_tma=info["has_tma"],
                       interpreted=info["interpreted"])
@@ -63,28 +84,206 @@ def _state_file(exp: experiment.Experiment) -> Path:
     return Path(exp.output.runs_dir) / exp.name / "state.json"
 
 
+def _trial_log_file(exp: experiment.Experiment) -> Path:
+    """Which trials have their MLflow run: one JSON line per trial, written after the run
+    is logged, so that a resumed run logs exactly the trials a killed driver had not."""
+    return Path(exp.output.runs_dir) / exp.name / "mlflow_trials.jsonl"
+
+
+def _missing_message(key: str, available: dict[str, int], unlabelled: int,
+                     waited_s: float) -> str:
+    found = ", ".join(f"{k}×{n}" for k, n in available.items()) or "no GPUs"
+    msg = f"hardware {key}: no {key} GPUs in this cluster (found: {found})"
+    if waited_s:
+        msg += f", after waiting {waited_s:g} s for the autoscaler"
+    else:
+        msg += "; set fleet.wait_for_nodes_s to wait for an autoscaler to add them"
+    if unlabelled:
+        msg += (f"; {unlabelled} GPU(s) advertise no accelerator_type, so their type is "
+                "unknown: Ray does not recognise every GPU (a V710 node needs `ray start "
+                "--resources='{\"accelerator_type:V710\": 1}'`)")
+    elif key == "V710":
+        msg += (" (Ray does not detect the V710 itself: start its nodes with "
+                "--resources='{\"accelerator_type:V710\": 1}')")
+    return msg + "; its studies are skipped"
+
+
+class _Background:
+    """MLflow calls made during the search, run in order on one thread, so that the
+    driver keeps the workers fed while MLflow commits (a trial run is several commits)."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue = queue.Queue()
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._work, name="harness-mlflow", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._q.put((fn, args, kwargs))
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                fn, args, kwargs = item
+                fn(*args, **kwargs)
+            except Exception as exc:  # tracking must not stop the tuning
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                log.warning("MLflow logging failed: %s", exc)
+            finally:
+                self._q.task_done()
+
+    def flush(self) -> None:
+        self._q.join()
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+
+
+def _append(trial_log: Path, record: dict[str, Any]) -> None:
+    with open(trial_log, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _log_trial(tracker: Tracker, trial_log: Path, st: StudyState, number: int,
+               config: dict[str, Any], result: dict[str, Any], status: str,
+               run_id: str | None = None) -> None:
+    """The trial's MLflow run (the layout of ``Tracker.log_trial``), recorded in
+    ``trial_log`` as soon as it exists and again once complete: a resumed run completes
+    a half-logged trial in its own run instead of logging it twice."""
+    key = {"study": st.spec.name, "trial": number}
+    if run_id is None:
+        tags = {"harness.level": "trial", "harness.status": status, "harness.trial": str(number)}
+        if result.get("reason"):
+            tags["harness.failure_reason"] = str(result["reason"])[:5000]
+        node = (result.get("extra") or {}).get("node_id")
+        if node:
+            tags["harness.node_id"] = str(node)
+        run_id = tracker.start_run(f"trial-{number}", tags, parent=st.run_id)
+        _append(trial_log, {**key, "run": run_id})
+    else:
+        tracker.start_run(f"trial-{number}", {}, resume=run_id)
+    metrics = {k: result.get(k) for k in TRIAL_METRICS}
+    metrics["failed"] = 0.0 if status == "measured" else 1.0
+    tracker.log(run_id, params=config, metrics=metrics)
+    tracker.finish(run_id, ok=status == "measured")
+    if status == "measured":
+        tracker.log(st.run_id, metrics={"trial_latency_ms": result.get("latency_ms")},
+                    step=number)
+    _append(trial_log, {**key, "run": run_id, "done": True})
+
+
+def _logged(trial_log: Path) -> dict[tuple[str, int], dict[str, Any]] | None:
+    """(study, trial) -> {"run": id, "done": bool} from the record, None without one."""
+    if not trial_log.is_file():
+        return None
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in trial_log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            key = (rec["study"], int(rec["trial"]))
+        except (ValueError, KeyError, TypeError):  # a line cut by a kill
+            continue
+        done = out.get(key, {}).get("done", False) or bool(rec.get("done"))
+        out[key] = {"run": rec.get("run"), "done": done}
+    return out
+
+
+def _reconcile(st: StudyState, tracker: Tracker, trial_log: Path,
+               logged: dict[tuple[str, int], dict[str, Any]]) -> int:
+    """Log the finished trials whose MLflow run a killed driver never wrote or never
+    completed."""
+    n = 0
+    for t in st.search.study.get_trials(deepcopy=False):
+        status = t.user_attrs.get(ATTR_STATUS)
+        if not t.state.is_finished() or status not in ("measured", "failed"):
+            continue
+        rec = logged.get((st.spec.name, t.number))
+        if rec is not None and rec["done"]:
+            continue
+        _log_trial(tracker, trial_log, st, t.number, dict(t.params),
+                   dict(t.user_attrs.get(ATTR_RESULT) or {}), status,
+                   run_id=rec["run"] if rec else None)
+        n += 1
+    return n
+
+
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
         progress: bool = True) -> Summary:
-    """Run an experiment file end to end. Raises ExperimentError for a bad file."""
+    """Run an experiment file end to end. Raises ExperimentError for a bad file and
+    NoHardwareError where none of its hardware is in the cluster."""
     console = console or Console(stderr=True)
     exp = experiment.load(path)  # validates everything before anything is written
     t_start = time.monotonic()
     summary = Summary()
 
     Fleet.connect()
-    fleet = Fleet(Timing(exp.timing.warmup_ms, exp.timing.rep_ms),
-                  exp.timing.trial_timeout_s)
+    fs = exp.fleet
+    fleet = Fleet(Timing(exp.timing.warmup_ms, exp.timing.rep_ms), exp.timing.trial_timeout_s,
+                  queue_depth=fs.queue_depth, compile_workers=fs.compile_workers,
+                  max_retries=fs.max_retries, start_timeout_s=fs.start_timeout_s)
+    try:
+        _run(exp, path, resume, console, progress, fleet, summary)
+    finally:
+        fleet.shutdown()
+    summary.wall_s = time.monotonic() - t_start
+    return summary
+
+
+def _targets(exp: experiment.Experiment, fleet: Fleet, console: Console,
+             summary: Summary) -> tuple[list[str], dict[str, int]]:
+    """The experiment's hardware keys present in the cluster (after waiting for an
+    autoscaler where asked to), with their GPU counts; what is missing is reported."""
+    auto = exp.hardware == ["auto"]
     available = fleet.discover()
-    wanted = list(available) if exp.hardware == ["auto"] else list(exp.hardware)
-    summary.missing_hardware = [k for k in wanted if k not in available]
+    wanted = list(available) if auto else list(exp.hardware)
+    missing = [k for k in wanted if k not in available]
+    waited = 0.0
+    if missing and exp.fleet.wait_for_nodes_s > 0:
+        waited = exp.fleet.wait_for_nodes_s
+        console.print(f"waiting up to {waited:g} s for nodes with {', '.join(missing)} GPUs "
+                      "(asked the autoscaler for one of each)")
+        available = fleet.wait_for_nodes(missing, waited)
+        missing = [k for k in wanted if k not in available]
+    for key in missing:
+        console.print(f"[bold red]{_missing_message(key, available, fleet.unlabelled, waited)}[/]")
+    summary.missing_hardware = missing
     targets = [k for k in wanted if k in available]
-    for key in summary.missing_hardware:
-        console.print(f"[bold red]hardware {key}: no such GPUs in this cluster[/] "
-                      f"(found: {', '.join(f'{k}×{n}' for k, n in available.items())}); "
-                      "its studies are skipped")
     if not targets:
-        raise NoHardwareError(f"none of {wanted} is present in the cluster")
-    infos = fleet.start({k: available[k] for k in targets})
+        hint = (f" ({fleet.unlabelled} GPU(s) have no accelerator_type resource)"
+                if fleet.unlabelled else "")
+        raise NoHardwareError(f"none of {wanted or exp.hardware} is present in the cluster"
+                              f"{hint}")
+    return targets, available
+
+
+def _started(targets: list[str], fleet: Fleet, console: Console,
+             summary: Summary) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """Wait for the workers; a key none of whose workers started is reported missing."""
+    infos = fleet.wait_started()
+    for key in [k for k in targets if not infos.get(k)]:
+        console.print(f"[bold red]hardware {key}: no worker started[/] "
+                      f"({'; '.join(fleet.events) or 'unknown reason'}); its studies are skipped")
+        summary.missing_hardware.append(key)
+    targets = [k for k in targets if infos.get(k)]
+    if not targets:
+        raise NoHardwareError(f"no worker started on any of {summary.missing_hardware}")
+    return targets, infos
+
+
+def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Console,
+         progress: bool, fleet: Fleet, summary: Summary) -> None:
+    targets, available = _targets(exp, fleet, console, summary)
+    fleet.launch({k: available[k] for k in targets})
+    # MLflow and Optuna start up while the workers do (each takes seconds).
+    url = storage_url(exp.output.runs_dir, exp.name)
+    storage = make_storage(url)
+    tracker = Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
+    summary.tracking_uri = tracker.uri
+    targets, infos = _started(targets, fleet, console, summary)
     summary.interpreted = any(i["interpreted"] for group in infos.values() for i in group)
     if summary.interpreted:
         console.print("[bold yellow]No GPU: kernels run under Triton's interpreter on the CPU. "
@@ -92,18 +291,21 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
                       "pipeline and correctness only.[/]")
 
     state_path = _state_file(exp)
+    trial_log = _trial_log_file(exp)
     prior = json.loads(state_path.read_text()) if (resume and state_path.is_file()) else {}
-    storage = storage_url(exp.output.runs_dir, exp.name)
-    tracker = Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
-    summary.tracking_uri = tracker.uri
     summary.parent_run_id = tracker.start_run(
         exp.name, {"harness.level": "experiment", "harness.git_sha": git_sha(),
                    "harness.config": str(path)}, resume=prior.get("parent_run_id"))
     state_path.parent.mkdir(parents=True, exist_ok=True)
     state_path.write_text(json.dumps({"parent_run_id": summary.parent_run_id}))
+    # A resume reconciles MLflow with Optuna only where the previous run kept a record.
+    logged = _logged(trial_log) if resume else None
+    if logged is None:
+        trial_log.write_text("")
     tracker.log(summary.parent_run_id, params={"kernel": exp.kernel,
                                                "sampler": exp.search.sampler,
-                                               "trials_per_study": exp.search.trials})
+                                               "trials_per_study": exp.search.trials},
+                tags={"harness.missing_hardware": ",".join(summary.missing_hardware) or "-"})
 
     studies: list[StudyState] = []
     for spec in experiment.plan(exp, targets):
@@ -112,9 +314,9 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
         space = spaces.resolve([spaces.for_kernel(kernel_api.get(spec.kernel)), exp.search_space],
                                device.vendor, spec.hardware, where=str(path))
         if not resume:
-            _drop_study(storage, spec.name)
+            _drop_study(url, spec.name)
         search = Search(spec, space, device, exp.search, storage, exp.seed,
-                        n_parallel=fleet.size(spec.hardware))
+                        n_parallel=fleet.size(spec.hardware) * fleet.queue_depth)
         run_id = tracker.start_run(
             f"{spec.kernel} {spec.shape_key} {spec.dtype} {spec.hardware}",
             {"harness.level": "study", "hardware": spec.hardware, "kernel": spec.kernel,
@@ -129,9 +331,32 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
         if best:
             st.best_ms = best[1].get("latency_ms") or math.inf
         studies.append(st)
+        if resume:
+            relogged = _reconcile(st, tracker, trial_log, logged) if logged is not None else 0
+            summary.resumed[spec.name] = {
+                "finished": search.measured, "requeued": search.interrupted,
+                "recovered": search.recovered, "mlflow_relogged": relogged}
+            if search.interrupted or relogged:
+                console.print(f"resume {spec.name}: {search.measured} trials kept, "
+                              f"{len(search.interrupted)} interrupted configs queued again, "
+                              f"{relogged} trial runs logged to MLflow")
 
-    _search_loop(exp, fleet, studies, tracker, console, progress)
+    bg = _Background()
+    try:
+        _search_loop(exp, fleet, studies, tracker, bg, trial_log, console, progress)
+    finally:
+        bg.flush()
+        bg.close()
     summary.busy_s = dict(fleet.busy_s)
+    summary.held_s = fleet.held_s()
+    summary.timing_s = sum(fleet.timing_s.values())
+    summary.timing_fraction = summary.timing_s / summary.held_s if summary.held_s else math.nan
+    summary.replaced, summary.retried = fleet.replaced, fleet.retried
+    summary.events = list(fleet.events) + [f"MLflow: {e}" for e in bg.errors[:5]]
+    tracker.log(summary.parent_run_id, metrics={
+        "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
+        "timing_fraction": summary.timing_fraction, "workers_replaced": fleet.replaced,
+        "trials_retried": fleet.retried})
     summary.packs = _freeze(exp, studies, tracker, summary.parent_run_id)
     for st in studies:
         summary.rows.append(_row(st))
@@ -139,9 +364,6 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     for p in summary.packs:
         tracker.log_artifact(summary.parent_run_id, p, "packs")
     tracker.finish(summary.parent_run_id)
-    fleet.shutdown()
-    summary.wall_s = time.monotonic() - t_start
-    return summary
 
 
 def _drop_study(storage: str, name: str) -> None:
@@ -154,7 +376,7 @@ def _drop_study(storage: str, name: str) -> None:
 
 
 def _search_loop(exp, fleet: Fleet, studies: list[StudyState], tracker: Tracker,
-                 console: Console, show: bool) -> None:
+                 bg: _Background, trial_log: Path, console: Console, show: bool) -> None:
     deadline = (time.monotonic() + exp.search.timeout_s) if exp.search.timeout_s else math.inf
     by_hw: dict[str, list[StudyState]] = {}
     for st in studies:
@@ -178,69 +400,81 @@ def _search_loop(exp, fleet: Fleet, studies: list[StudyState], tracker: Tracker,
 
         while True:
             out_of_time = time.monotonic() > deadline
+            exhausted = set()  # hardware whose studies had nothing more to hand out
             for hw, sts in by_hw.items():
-                while fleet.idle(hw) and not out_of_time:
+                while fleet.capacity(hw) and not out_of_time:
                     task = _next_task(sts, rr, hw)
                     if task is None:
+                        exhausted.add(hw)
                         break
                     fleet.submit(task)
-            if fleet.in_flight() == 0:
+            # Done when nothing is in flight and no hardware has both work left and a
+            # worker (a replacement still starting counts: its studies wait for it).
+            if fleet.in_flight() == 0 and (out_of_time or all(
+                    hw in exhausted or not fleet.workers(hw) for hw in by_hw)):
                 break
             for task, result in fleet.poll(0.5):
-                _handle(task, result, tracker)
+                _handle(task, result, tracker, bg, trial_log)
                 refresh(task.hardware)
         for hw in by_hw:
             refresh(hw)
 
 
 def _next_task(sts: list[StudyState], rr: dict[str, int], hw: str) -> Task | None:
-    """Round-robin over the hardware's studies: the baselines first (PyTorch eager and
-    the kernel's default config, measured even where the default is outside the space),
-    then trials."""
+    """The hardware's next task: the baselines of a study first (PyTorch eager and the
+    kernel's default config, measured even where the default is outside the space), then
+    its trials. A study keeps the hardware while it has work to hand out, and the next
+    one takes over after it: a worker holds one problem's inputs at a time, so switching
+    problems on every task would rebuild them each time."""
     n = len(sts)
     for i in range(n):
-        st = sts[(rr[hw] + i) % n]
-        spec = st.spec
-        if st.eager is None and "eager" not in st.pending:
-            st.pending.add("eager")
-            rr[hw] = (rr[hw] + i + 1) % n
-            return Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, False),
-                        ("eager", st))
-        if st.default is None and "default" not in st.pending:
-            st.pending.add("default")
-            rr[hw] = (rr[hw] + i + 1) % n
-            default = kernel_api.get(spec.kernel).default_config
-            return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, default, 0),
-                        ("default", st))
-        asked = st.search.ask(st.in_flight)
-        if asked is None:
-            continue
-        trial, config = asked
-        st.in_flight += 1
-        rr[hw] = (rr[hw] + i + 1) % n
-        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
-                    ("trial", st, trial, config))
+        idx = (rr[hw] + i) % n
+        task = _study_task(sts[idx], hw)
+        if task is not None:
+            rr[hw] = idx
+            return task
     return None
 
 
-def _handle(task: Task, result: TrialResult, tracker: Tracker) -> None:
+def _study_task(st: StudyState, hw: str) -> Task | None:
+    spec = st.spec
+    if st.eager is None and "eager" not in st.pending:
+        st.pending.add("eager")
+        return Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, False), ("eager", st))
+    if st.default is None and "default" not in st.pending:
+        st.pending.add("default")
+        default = kernel_api.get(spec.kernel).default_config
+        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, default, 0),
+                    ("default", st))
+    asked = st.search.ask(st.in_flight)
+    if asked is None:
+        return None
+    trial, config = asked
+    st.in_flight += 1
+    return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
+                ("trial", st, trial, config))
+
+
+def _handle(task: Task, result: TrialResult, tracker: Tracker, bg: _Background,
+            trial_log: Path) -> None:
     kind, st = task.tag[0], task.tag[1]
     if kind in ("eager", "default"):
         st.pending.discard(kind)
         setattr(st, kind, result.to_dict())
         st.search.set_attr(kind, result.to_dict())
-        tracker.log(st.run_id, metrics={f"{kind}_latency_ms": result.latency_ms},
-                    params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
+        bg.call(tracker.log, st.run_id, metrics={f"{kind}_latency_ms": result.latency_ms},
+                params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
         return
     _, st, trial, config = task.tag
     st.in_flight -= 1
-    st.search.tell(trial, config, result)
+    st.search.tell(trial, config, result)  # Optuna first: it is what --resume trusts
     status = "measured" if result.ok else "failed"
     if result.ok:
         st.best_ms = min(st.best_ms, result.latency_ms)
     else:
         st.failures += 1
-    tracker.log_trial(st.run_id, trial.number, config, result.to_dict(), status)
+    bg.call(_log_trial, tracker, trial_log, st, trial.number, dict(config), result.to_dict(),
+            status)
 
 
 def _speedup(base: Any, new: Any) -> float:

@@ -188,8 +188,9 @@ _sm_cache: dict[int, int] = {}
 
 
 def _num_sms(device: torch.device) -> int:
-    """Programs of the persistent grid: one per SM (CU on AMD), or a few on the CPU."""
-    if device.type != "cuda":
+    """Programs of the persistent grid: one per SM (CU on AMD), or a few on the CPU.
+    "meta" inputs (compile_only's stand-ins) count as the current GPU's."""
+    if device.type == "cpu" or not torch.cuda.is_available():
         return _CPU_PROGRAMS
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _sm_cache:
@@ -291,7 +292,8 @@ class GroupedGemm(Kernel):
                 torch.mm(a[lo:hi], w[e].t(), out=out[lo:hi])
         return out
 
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+    def _launch(self, inputs: Inputs, config: Config) -> tuple[tuple, tuple, dict, torch.Tensor]:
+        """(grid, args, meta, out): what both the launcher and compile_only hand Triton."""
         cfg = {**self.default_config, **config}
         a, w, offsets = inputs["a"], inputs["w"], inputs["offsets"]
         M, K = a.shape
@@ -311,11 +313,10 @@ class GroupedGemm(Kernel):
             "num_warps": int(cfg["num_warps"]),
             "num_stages": int(cfg["num_stages"]),
         }
-        if a.device.type == "cuda" and torch.version.hip is not None:
+        if a.device.type != "cpu" and torch.version.hip is not None:
             launch_kw.update({k: cfg[k] for k in _AMD_KWARGS if k in cfg})
 
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        kernel = _grouped_gemm_kernel[grid]
         args = (
             a, w, out, offsets, N, K, E,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0),
@@ -334,12 +335,24 @@ class GroupedGemm(Kernel):
             "IEEE": a.dtype == torch.float32,
             **launch_kw,
         }
+        return grid, args, meta, out
+
+    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+        grid, args, meta, out = self._launch(inputs, config)
+        kernel = _grouped_gemm_kernel[grid]
 
         def run() -> torch.Tensor:
             kernel(*args, **meta)
             return out
 
         return run
+
+    def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
+        """Compile ``config`` exactly as the launcher would launch it, without running it
+        (the harness's workers compile queued configs ahead in child processes). The
+        inputs may be meta tensors: nothing is allocated or launched."""
+        grid, args, meta, _ = self._launch(inputs, config)
+        _grouped_gemm_kernel.warmup(*args, grid=grid, **meta)
 
     # -- cost model -------------------------------------------------------------------
     def flops(self, shape: Shape) -> float:

@@ -1,0 +1,376 @@
+"""The fleet on a simulated mixed-GPU Ray cluster (``ray.cluster_utils.Cluster``).
+
+Nodes advertise fake GPUs and ``accelerator_type`` resources (H100 x2, H200, A100-80G,
+V710); the workers find no real GPU and run the kernels under Triton's interpreter. The
+tests check where every trial ran, that each hardware key samples its vendor's space and
+freezes its own pack, each fault of the issue's table, a node killed mid-trial, waiting
+for an autoscaler, and compiling ahead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import optuna
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+from ray.cluster_utils import Cluster
+from rich.console import Console
+
+from harness.fleet import Fleet, NoHardwareError, Task
+from harness.measure import Timing
+from harness.run import run
+from tests.fault_kernels import read_events
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTY = "tests.fault_kernels:Faulty"
+SIMULATED = ["H100", "H100", "H200", "A100-80G", "V710"]
+
+
+@pytest.fixture(scope="module")
+def cl(tmp_path_factory) -> Any:
+    events = tmp_path_factory.mktemp("events")
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    for name in SIMULATED:
+        cluster.add_node(num_cpus=1, num_gpus=1, resources={f"accelerator_type:{name}": 1})
+    cluster.wait_for_nodes()
+    # HARNESS_PRECOMPILE=force: the compile-ahead plumbing runs under the interpreter too
+    # (experiments that do not test it set compile_workers: 0).
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "FAULT_DIR": str(events),
+                                       "HARNESS_PRECOMPILE": "force"}})
+    try:
+        yield SimpleNamespace(cluster=cluster, events=events)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture
+def events(cl) -> Path:
+    (cl.events / "events.jsonl").unlink(missing_ok=True)
+    return cl.events
+
+
+def _nodes_by_key() -> dict[str, set[str]]:
+    """Hardware key -> ids of the live nodes advertising it."""
+    from harness.hardware import hardware_key
+
+    out: dict[str, set[str]] = {}
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        for res in node["Resources"]:
+            if res.startswith("accelerator_type:"):
+                out.setdefault(hardware_key(res.split(":", 1)[1]), set()).add(node["NodeID"])
+    return out
+
+
+def _experiment(tmp_path: Path, **fields: Any) -> Path:
+    exp = {
+        "name": "fleet",
+        "kernel": FAULTY,
+        "shapes": [{"N": 256}],
+        "dtypes": ["fp32"],
+        "search": {"sampler": "grid", "trials": 20},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0},
+    }
+    for key, value in fields.items():
+        if isinstance(value, dict) and isinstance(exp.get(key), dict):
+            exp[key] = {**exp[key], **value}
+        else:
+            exp[key] = value
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    return path
+
+
+def _run(path: Path) -> tuple[Any, str]:
+    buf = io.StringIO()
+    summary = run(path, console=Console(file=buf, width=300), progress=False)
+    return summary, buf.getvalue()
+
+
+def _trials(tmp_path: Path, name: str, study: str) -> list[optuna.trial.FrozenTrial]:
+    storage = f"sqlite:///{tmp_path / 'runs' / name / 'optuna.db'}"
+    return optuna.load_study(study_name=study, storage=storage).trials
+
+
+def _by_status(trials: list, status: str) -> list:
+    return [t for t in trials if t.user_attrs.get("status") == status]
+
+
+# -- placement, per-vendor spaces, packs --------------------------------------------------
+
+SMALL = {"BLOCK_M": [64], "BLOCK_N": [64], "BLOCK_K": [64], "GROUP_M": [1, 4],
+         "num_warps": [4], "num_stages": [2, 3], "PERSISTENT": [0, 1]}
+AMD_KEYS = {"waves_per_eu", "kpack", "matrix_instr_nonkdim"}
+
+
+def test_placement_vendor_spaces_and_packs(cl, tmp_path: Path) -> None:
+    shape = {"M": 96, "N": 64, "K": 64, "E": 2}
+    path = _experiment(
+        tmp_path, name="place", kernel="grouped_gemm", shapes=[shape], dtypes=["fp16"],
+        hardware=["H100", "H200", "A100", "V710", "MI300X"],
+        search={"sampler": "random", "trials": 3},
+        # Small tiles for the interpreter; the V710 keeps the shipped AMD-only knobs.
+        search_space={"vendors": {"nvidia": {"params": SMALL},
+                                  "amd": {"params": {**SMALL, "num_stages": [1, 2]}}}})
+    summary, text = _run(path)
+
+    # A listed key the cluster lacks is reported and skipped; the rest run.
+    assert summary.missing_hardware == ["MI300X"]
+    assert "hardware MI300X: no MI300X GPUs in this cluster" in text
+    assert "wait_for_nodes_s" in text
+    nodes = _nodes_by_key()
+    assert {k: len(v) for k, v in nodes.items()} == {"H100": 2, "H200": 1, "A100": 1,
+                                                      "V710": 1}
+
+    for hw in ("H100", "H200", "A100", "V710"):
+        trials = _trials(tmp_path, "place", f"place/grouped_gemm/M=96,N=64,K=64,E=2/fp16/{hw}")
+        measured = _by_status(trials, "measured")
+        assert len(measured) == 3, (hw, [t.user_attrs for t in trials])
+        for t in measured:
+            extra = t.user_attrs["result"]["extra"]
+            # Every trial ran on a node of its own hardware key, nowhere else.
+            assert extra["node_id"] in nodes[hw], (hw, extra)
+            assert extra["worker_hardware"] == hw
+            # Each study sampled its own vendor's space.
+            if hw == "V710":
+                assert AMD_KEYS <= set(t.params), t.params
+                assert t.params["num_stages"] in (1, 2)
+            else:
+                assert not AMD_KEYS & set(t.params), t.params
+        # Each hardware key froze its own pack, named by the hardware that measured.
+        pack = json.loads((tmp_path / "packs" / hw / "grouped_gemm.json").read_text())
+        assert pack["hardware"] == hw
+        entry = pack["kernels"]["grouped_gemm"]["fp16"]["M=96,N=64,K=64,E=2"]
+        assert (hw == "V710") == bool(AMD_KEYS & set(entry["config"]))
+    assert not (tmp_path / "packs" / "cpu").exists()  # never the driver's device
+    assert sorted(p.name for p in (tmp_path / "packs").iterdir()) == ["A100", "H100", "H200",
+                                                                      "V710"]
+
+    # MLflow: every trial run carries the node it ran on, a node of its study's hardware.
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("place")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    studies = {r.info.run_id: r.data.tags["hardware"] for r in runs
+               if r.data.tags.get("harness.level") == "study"}
+    trial_runs = [r for r in runs if r.data.tags.get("harness.level") == "trial"]
+    assert sorted(studies.values()) == ["A100", "H100", "H200", "V710"]
+    assert len(trial_runs) == 12
+    for r in trial_runs:
+        hw = studies[r.data.tags["mlflow.parentRunId"]]
+        assert r.data.tags["harness.node_id"] in nodes[hw]
+    parent = next(r for r in runs if r.data.tags.get("harness.level") == "experiment")
+    assert parent.data.tags["harness.missing_hardware"] == "MI300X"
+    assert "timing_fraction" in parent.data.metrics and "gpu_held_s" in parent.data.metrics
+    assert 0 < summary.timing_s <= summary.held_s
+
+
+# -- faults -------------------------------------------------------------------------------
+
+FAULTS = ["none", "compile", "oor", "illegal", "hang", "wrong", "nan"]
+
+
+def test_each_fault_fails_its_trial_and_the_study_goes_on(cl, events, tmp_path: Path) -> None:
+    path = _experiment(tmp_path, name="faults", hardware=["H200"],
+                       search_space={"params": {"FAULT": FAULTS}},
+                       timing={"trial_timeout_s": 10})
+    summary, _ = _run(path)
+    trials = _trials(tmp_path, "faults", f"faults/{FAULTY}/N=256/fp32/H200")
+    final = {t.params["FAULT"]: t for t in trials
+             if t.user_attrs.get("status") in ("measured", "failed")}
+    assert sorted(final) == sorted(FAULTS), "every config got a result: the study went on"
+
+    def reason(fault: str) -> str:
+        t = final[fault]
+        assert t.user_attrs["status"] == "failed", fault
+        return t.user_attrs["reason"]
+
+    assert final["none"].user_attrs["status"] == "measured"
+    assert reason("compile").startswith("compile error: CompilationError")
+    assert "power of 2" in reason("compile")
+    assert reason("oor").startswith("out of resources: OutOfResources")
+    assert reason("illegal").startswith("device fault:")
+    assert "illegal memory access" in reason("illegal") and "worker replaced" in reason("illegal")
+    assert reason("hang").startswith("timeout: no result after 10 s")
+    assert reason("wrong").startswith("wrong result:")
+    assert "NaN/Inf" in reason("nan")
+
+    # The illegal access and the hang each cost the worker: replaced, and later trials
+    # ran in a new process.
+    assert summary.replaced == 2
+    assert any("device fault" in e for e in summary.events)
+    assert any("time-out" in e for e in summary.events)
+    launches = sorted((e for e in read_events(events) if e["event"] == "launch"),
+                      key=lambda e: e["t"])
+    for fault in ("illegal", "hang"):
+        at = next(e for e in launches if e["config"].get("FAULT") == fault)
+        later = [e for e in launches if e["t"] > at["t"]]
+        assert all(e["pid"] != at["pid"] for e in later), fault  # never the old worker
+
+    # Only the correct config is frozen; wrong and NaN results never are.
+    pack = json.loads((tmp_path / "packs" / "H200" / "faulty.json").read_text())
+    (entry,) = pack["kernels"]["faulty"]["fp32"].values()
+    assert entry["config"]["FAULT"] == "none"
+
+
+def test_lost_worker_fails_the_trial_after_its_retries(cl, events) -> None:
+    """A trial whose worker dies under it is retried up to max_retries, then failed."""
+    fleet = Fleet(Timing(), 120, queue_depth=1, max_retries=0)
+    try:
+        fleet.discover()
+        infos = fleet.start({"H200": 1})
+        assert len(infos["H200"]) == 1
+        fleet.submit(Task("H200", "measure", (FAULTY, {"N": 64}, "fp32", {"FAULT": "hang"}, 0),
+                          tag="t"))
+        deadline = time.monotonic() + 60
+        while not [e for e in read_events(events) if e["config"].get("FAULT") == "hang"]:
+            assert time.monotonic() < deadline
+            fleet.poll(0.2)
+        ray.kill(fleet.slots[0].actor, no_restart=True)  # the worker process dies
+        done = []
+        while not done:
+            assert time.monotonic() < deadline + 60
+            done = fleet.poll(0.5)
+        ((task, result),) = done
+        assert task.tag == "t" and not result.ok
+        assert result.reason.startswith("worker lost 1 times")
+        assert fleet.retried == 0 and fleet.replaced == 1
+    finally:
+        fleet.shutdown()
+
+
+# -- a node killed mid-trial ------------------------------------------------------------
+
+
+def test_node_killed_mid_trial_retries_on_another_gpu_of_its_type(cl, events,
+                                                                  tmp_path: Path) -> None:
+    l4 = [cl.cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:L4": 1})
+          for _ in range(2)]
+    cl.cluster.wait_for_nodes()
+    sleeps = [1000, 1100, 1200]
+    path = _experiment(tmp_path, name="nodekill", hardware=["L4"],
+                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": sleeps}},
+                       fleet={"queue_depth": 1, "max_retries": 2, "compile_workers": 0})
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.update(summary=_run(path)[0]), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        victim = None
+        while victim is None:
+            assert time.monotonic() < deadline, "no slow trial started"
+            started = [e for e in read_events(events)
+                       if e["event"] == "launch" and e["config"].get("SLEEP_MS", 0) >= 1000]
+            if started:
+                victim = started[0]
+            time.sleep(0.1)
+        node = next(n for n in l4 if n.node_id == victim["node"])
+        cl.cluster.remove_node(node)  # the node dies while its trial sleeps
+        thread.join(180)
+        assert not thread.is_alive()
+    finally:
+        for n in l4:
+            if n.node_id != (victim or {}).get("node"):
+                cl.cluster.remove_node(n)
+    summary = out["summary"]
+    trials = _trials(tmp_path, "nodekill", f"nodekill/{FAULTY}/N=256/fp32/L4")
+    measured = {t.params["SLEEP_MS"]: t for t in _by_status(trials, "measured")}
+    assert sorted(measured) == sleeps and not _by_status(trials, "failed")
+    retried = measured[victim["config"]["SLEEP_MS"]].user_attrs["result"]["extra"]
+    assert retried["tries"] == 2
+    assert retried["node_id"] != victim["node"]  # another GPU of the same type
+    assert retried["worker_hardware"] == "L4"
+    assert summary.retried >= 1 and summary.replaced >= 1
+
+
+# -- waiting for an autoscaler ------------------------------------------------------------
+
+
+def test_wait_for_nodes_asks_the_autoscaler_and_waits(cl, tmp_path: Path, monkeypatch) -> None:
+    from ray.autoscaler import sdk
+
+    calls: list[Any] = []
+    real = sdk.request_resources
+    monkeypatch.setattr(sdk, "request_resources",
+                        lambda **kw: (calls.append(kw.get("bundles")), real(**kw)))
+    path = _experiment(tmp_path, name="wait", hardware=["A10"],
+                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 1]}},
+                       fleet={"wait_for_nodes_s": 90, "compile_workers": 0})
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.update(result=_run(path)), daemon=True)
+    thread.start()
+    # The test stands in for the autoscaler: the node joins after the run began waiting.
+    deadline = time.monotonic() + 60
+    while not calls:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1)
+    node = cl.cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:A10G": 1})
+    try:
+        thread.join(180)
+        assert not thread.is_alive()
+    finally:
+        cl.cluster.remove_node(node)
+    summary, text = out["result"]
+    assert "waiting up to 90 s for nodes with A10 GPUs" in text
+    assert summary.missing_hardware == []
+    assert calls[0] == [{"GPU": 1, "accelerator_type:A10": 1}]
+    assert calls[-1] == []  # withdrawn at the end: the nodes may scale down again
+    trials = _trials(tmp_path, "wait", f"wait/{FAULTY}/N=256/fp32/A10")
+    assert len(_by_status(trials, "measured")) == 2
+    assert (tmp_path / "packs" / "A10" / "faulty.json").is_file()
+
+
+def test_wait_for_nodes_gives_up_clearly(cl, tmp_path: Path) -> None:
+    path = _experiment(tmp_path, name="nowait", hardware=["L40S"],
+                       fleet={"wait_for_nodes_s": 2, "compile_workers": 0})
+    buf = io.StringIO()
+    with pytest.raises(NoHardwareError, match=r"none of \['L40S'\] is present"):
+        run(path, console=Console(file=buf, width=300), progress=False)
+    text = buf.getvalue()
+    assert "hardware L40S: no L40S GPUs in this cluster" in text
+    assert "after waiting 2 s for the autoscaler" in text
+    assert "H100×2" in text  # what the cluster does have
+
+
+# -- compiling ahead ----------------------------------------------------------------------
+
+
+def test_queued_configs_compile_ahead_in_child_processes(cl, events, tmp_path: Path) -> None:
+    sleeps = [100, 200, 300, 400]
+    path = _experiment(tmp_path, name="ahead", hardware=["H200"],
+                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": sleeps}},
+                       fleet={"queue_depth": 4, "compile_workers": 1})
+    _run(path)
+    trials = _by_status(_trials(tmp_path, "ahead", f"ahead/{FAULTY}/N=256/fp32/H200"),
+                        "measured")
+    assert sorted(t.params["SLEEP_MS"] for t in trials) == sleeps
+    log = read_events(events)
+    for t in trials:
+        config = t.params
+        extra = t.user_attrs["result"]["extra"]
+        compiled = [e for e in log if e["event"] == "compile" and e["config"] == config]
+        launched = [e for e in log if e["event"] == "launch" and e["config"] == config]
+        assert len(compiled) == 1 and launched, config
+        # Compiled once, in a child process, before the worker's first launch.
+        assert compiled[0]["pid"] != launched[0]["pid"] == extra["pid"]
+        assert compiled[0]["t"] <= launched[0]["t"]
+        assert extra["precompile"]["ok"] is True
+        assert extra["precompile"]["pid"] == compiled[0]["pid"]

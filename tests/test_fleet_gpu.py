@@ -1,0 +1,171 @@
+"""The fleet on a real GPU (run on the device; skipped elsewhere): a real illegal memory
+access poisons the CUDA context, the worker is replaced and the study goes on; a real
+compile error; and compiling ahead in child processes."""
+
+from __future__ import annotations
+
+import io
+import logging
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import ray
+import torch
+import yaml
+from rich.console import Console
+
+from harness.fleet import Fleet, Task, materialise, skeleton
+from harness.measure import Timing
+from harness.run import run
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTY = "tests.fault_kernels:Faulty"
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("triton-cache")  # cold: compiles really happen
+    ray.init(logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "TRITON_CACHE_DIR": str(cache)}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _wait(fleet: Fleet, n: int, timeout_s: float = 300) -> dict:
+    out = {}
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n:
+        assert time.monotonic() < deadline, out
+        for task, result in fleet.poll(1.0):
+            out[task.tag] = result
+    return out
+
+
+def test_illegal_address_replaces_the_worker_and_queued_work_runs_elsewhere(local_ray) -> None:
+    fleet = Fleet(Timing(warmup_ms=5, rep_ms=20), 120, queue_depth=2, compile_workers=0)
+    try:
+        key = next(iter(fleet.discover()))
+        assert key != "cpu"
+        fleet.start({key: 1})
+        first_pid = fleet.slots[0].info["pid"]
+        shape = {"N": 1 << 20}
+        # The second task is queued on the same worker behind the faulting one: it must
+        # not run on the poisoned context, but on the replacement.
+        fleet.submit(Task(key, "measure", (FAULTY, shape, "fp32", {"FAULT": "illegal"}, 0),
+                          "bad"))
+        fleet.submit(Task(key, "measure", (FAULTY, shape, "fp32", {"FAULT": "none"}, 0),
+                          "good"))
+        res = _wait(fleet, 2)
+        bad, good = res["bad"], res["good"]
+        assert not bad.ok and bad.fatal, bad.reason
+        assert bad.reason.startswith("device fault:") and "illegal" in bad.reason.lower()
+        assert "worker replaced" in bad.reason
+        assert good.ok, good.reason
+        assert good.extra["pid"] != first_pid
+        assert fleet.replaced == 1
+    finally:
+        fleet.shutdown()
+
+
+def test_every_fault_through_the_harness(local_ray, tmp_path: Path) -> None:
+    faults = ["none", "compile", "oor", "illegal", "hang", "wrong", "nan"]
+    exp = {
+        "name": "gpufaults", "kernel": FAULTY, "shapes": [{"N": 1 << 20}], "dtypes": ["fp32"],
+        "search": {"sampler": "grid", "trials": 20},
+        "search_space": {"params": {"FAULT": faults}},
+        "timing": {"warmup_ms": 5, "rep_ms": 20, "trial_timeout_s": 30},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0},
+    }
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    summary = run(path, console=Console(file=io.StringIO()), progress=False)
+    (row,) = summary.rows
+    study = optuna.load_study(study_name=f"gpufaults/{FAULTY}/N=1048576/fp32/{row['hardware']}",
+                              storage=f"sqlite:///{tmp_path / 'runs' / 'gpufaults' / 'optuna.db'}")
+    final = {t.params["FAULT"]: t.user_attrs for t in study.trials
+             if t.user_attrs.get("status") in ("measured", "failed")}
+    assert sorted(final) == sorted(faults)
+    assert final["none"]["status"] == "measured"
+    # A real Triton compile error (arange of 3), with Triton's message.
+    assert final["compile"]["reason"].startswith("compile error:")
+    assert "power of 2" in final["compile"]["reason"]
+    assert final["oor"]["reason"].startswith("out of resources")
+    assert final["illegal"]["reason"].startswith("device fault:")
+    assert final["hang"]["reason"].startswith("timeout:")
+    assert final["wrong"]["reason"].startswith("wrong result:")
+    assert "NaN/Inf" in final["nan"]["reason"]
+    assert summary.replaced == 2
+    assert row["config"]["FAULT"] == "none"
+
+
+def test_compile_ahead_makes_first_launches_cheap(local_ray, tmp_path: Path) -> None:
+    exp = {
+        "name": "ahead", "kernel": "matmul", "shapes": [{"M": 4096, "N": 4096, "K": 4096}],
+        "dtypes": ["bf16"], "search": {"sampler": "grid", "trials": 12, "warm_start": False},
+        "search_space": {"params": {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64],
+                                    "num_warps": [4, 8], "num_stages": [3, 4, 5],
+                                    "GROUP_M": [8]}},
+        "timing": {"warmup_ms": 10, "rep_ms": 40},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"queue_depth": 12, "compile_workers": 4},
+    }
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    summary = run(path, console=Console(file=io.StringIO()), progress=False)
+    (row,) = summary.rows
+    study = optuna.load_study(study_name=f"ahead/matmul/M=4096,N=4096,K=4096/bf16/"
+                              f"{row['hardware']}",
+                              storage=f"sqlite:///{tmp_path / 'runs' / 'ahead' / 'optuna.db'}")
+    results = [t.user_attrs["result"] for t in study.trials
+               if t.user_attrs.get("status") == "measured"]
+    assert len(results) == 12
+    ahead = [r for r in results if (r["extra"].get("precompile") or {}).get("ok")]
+    assert len(ahead) >= 10, [r["extra"].get("precompile") for r in results]
+    # The worker's first launch only loaded what a child compiled.
+    cheap = [r for r in ahead if r["compile_s"] < 0.5 * r["extra"]["precompile"]["compile_s"]]
+    assert len(cheap) >= 0.8 * len(ahead), [(r["compile_s"], r["extra"]["precompile"])
+                                            for r in ahead]
+    assert 0 < summary.timing_fraction <= 1
+
+
+def _grouped_child(cache: str, shape: dict, config: dict) -> None:
+    os.environ["TRITON_CACHE_DIR"] = cache
+    from kernels.grouped_gemm import GroupedGemm
+
+    k = GroupedGemm()
+    k.compile_only(materialise(skeleton(k.make_inputs(shape, "bf16", 0, "cpu"))), shape, config)
+
+
+@pytest.mark.parametrize("persistent", [0, 1])
+def test_grouped_gemm_compile_only_fills_the_cache(tmp_path: Path, monkeypatch,
+                                                   persistent: int) -> None:
+    from kernels.grouped_gemm import GroupedGemm
+
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    shape = {"M": 8192, "N": 1408, "K": 2048, "E": 64}
+    config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+              "num_stages": 4, "PERSISTENT": persistent}
+    p = multiprocessing.get_context("spawn").Process(
+        target=_grouped_child, args=(str(cache), shape, config))
+    p.start()
+    p.join(300)
+    assert p.exitcode == 0
+    before = sorted(x.name for x in cache.iterdir())
+    assert before
+    k = GroupedGemm()
+    inputs = k.make_inputs(shape, "bf16", 0, "cuda")
+    out = k.launcher(inputs, shape, config)()
+    torch.testing.assert_close(out.float(), k.reference(inputs, shape), atol=2e-2, rtol=2e-2)
+    assert sorted(x.name for x in cache.iterdir()) == before  # loaded, not compiled again

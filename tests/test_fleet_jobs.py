@@ -1,0 +1,125 @@
+"""``ray job submit --working-dir . -- kharness run ...`` against a real ``ray start
+--head`` on 127.0.0.1, with Ray's token authentication on (the default since 2.59)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from harness import packs
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _ours(temp_dir: str) -> list[int]:
+    """The processes of this head: every Ray process names its temp dir on its command
+    line. (`ray stop` would stop every Ray on the machine, other users' included.)"""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if temp_dir.encode() in (d / "cmdline").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:  # gone meanwhile
+                continue
+    return pids
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[SimpleNamespace]:
+    # A short temp dir: Ray's unix sockets live under it and their paths must stay short.
+    temp_dir = tempfile.mkdtemp(prefix="kh-ray-", dir="/tmp")
+    gcs, dash, client, agent, metrics = _free_ports(5)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "RAY_AUTH_MODE": "token"}
+    for var in ("RAY_ADDRESS", "TRITON_INTERPRET"):  # the workers decide for themselves
+        env.pop(var, None)
+    cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
+           "--dashboard-host=127.0.0.1", f"--port={gcs}", f"--dashboard-port={dash}",
+           f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+           f"--metrics-export-port={metrics}", "--num-cpus=2", f"--temp-dir={temp_dir}",
+           "--disable-usage-stats"]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        yield SimpleNamespace(address=f"http://127.0.0.1:{dash}", env=env)
+    finally:
+        _signal(_ours(temp_dir), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while _ours(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        _signal(_ours(temp_dir), signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_jobs_api_requires_the_token(head) -> None:
+    try:
+        urllib.request.urlopen(f"{head.address}/api/jobs/", timeout=10)
+    except urllib.error.HTTPError as exc:
+        assert exc.code in (401, 403)
+    else:
+        pytest.fail("the Jobs API answered without a token")
+
+
+def test_ray_job_submit_runs_an_experiment(head, tmp_path: Path) -> None:
+    workdir = tmp_path / "job"  # small: just the experiment (the harness is installed)
+    workdir.mkdir()
+    exp = {
+        "name": "jobrun",
+        "kernel": "matmul",
+        "shapes": [{"M": 64, "N": 64, "K": 64}],
+        "dtypes": ["fp16"],
+        "search": {"sampler": "grid", "trials": 2},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0},
+    }
+    (workdir / "exp.yaml").write_text(yaml.safe_dump(exp))
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--working-dir", str(workdir), "--",
+         "kharness", "run", "exp.yaml"],
+        env={**head.env, "RAY_ADDRESS": head.address}, cwd=workdir,
+        capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "succeeded" in out, out[-4000:]
+    assert "pack: " in out and time.monotonic() - t0 < 600
+    data = packs.read(tmp_path / "packs" / "cpu" / "matmul.json")  # checksum verified
+    entry = data["kernels"]["matmul"]["fp16"]["M=64,N=64,K=64"]
+    assert entry["provenance"]["interpreted"] is True

@@ -1,0 +1,242 @@
+"""The fleet's and the search's logic without a Ray cluster: discovery by hardware key,
+placement checks, missing-hardware messages, compile-ahead plumbing, study resume, the
+grid sampler under ask/tell, and the fleet settings of experiment files."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+import yaml
+from optuna.trial import TrialState
+
+from harness import experiment, fleet
+from harness.experiment import ExperimentError, SearchSettings, StudySpec
+from harness.fleet import Fleet, NoHardwareError, Precompiler, check_placement
+from harness.hardware import spec_for_key
+from harness.measure import Timing, TrialResult
+from harness.run import _device_from_info, _missing_message
+from harness.search import Search, make_storage, storage_url
+from tests.fault_kernels import read_events
+
+FAULTY = "tests.fault_kernels:Faulty"
+
+
+def _node(node_id: str, gpus: int, *names: str, alive: bool = True) -> dict:
+    res = {"CPU": 8.0, "memory": 1e9}
+    if gpus:
+        res["GPU"] = float(gpus)
+    for n in names:
+        res[f"accelerator_type:{n}"] = 1.0
+    return {"NodeID": node_id, "Alive": alive, "Resources": res}
+
+
+def test_discover_groups_gpus_by_hardware_key(monkeypatch) -> None:
+    nodes = [
+        _node("h100a", 8, "H100"), _node("h100b", 8, "H100"),
+        _node("a100-40", 4, "A100-40G"), _node("a100-80", 8, "A100-80G"),
+        # A V710 node declared by hand, next to a name Ray might add of its own.
+        _node("v710", 1, "V710", "AMD-Radeon-PRO-V710"),
+        _node("head", 0), _node("dead", 8, "H200", alive=False),
+        _node("mystery", 2),  # GPUs Ray could not name
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    f = Fleet(Timing(), 60)
+    assert f.discover() == {"H100": 16, "A100": 12, "V710": 1}
+    assert f.unlabelled == 2
+    assert f.nodes["a100-40"] == "A100" and f.nodes["v710"] == "V710"
+    # New A100 workers ask for the Ray name with the most GPUs still free.
+    assert f._pick_name("A100") == "A100-80G"
+    assert f._options("V710", f._pick_name("V710"))["resources"] == {
+        "accelerator_type:V710": 0.001}
+    assert f._options("cpu", None) == {"num_cpus": 1, "num_gpus": 0}
+
+    monkeypatch.setattr(ray, "nodes", lambda: [_node("laptop", 0)])
+    assert Fleet(Timing(), 60).discover() == {"cpu": 1}
+    monkeypatch.setattr(ray, "nodes", lambda: [_node("mystery", 1)])
+    f = Fleet(Timing(), 60)
+    assert f.discover() == {} and f.unlabelled == 1
+
+
+def test_check_placement_names_the_wrong_resource() -> None:
+    info = {"interpreted": False, "device_key": "H100", "device_name": "NVIDIA H100 80GB HBM3"}
+    check_placement("H100", "H100", info)  # right GPU
+    check_placement("V710", "V710", {**info, "interpreted": True})  # simulated: no GPU seen
+    with pytest.raises(NoHardwareError) as err:
+        check_placement("V710", "V710", info)
+    msg = str(err.value)
+    assert "accelerator_type:V710" in msg and "'NVIDIA H100 80GB HBM3'" in msg
+    assert "ray start" in msg and '"accelerator_type:V710": 1' in msg
+
+
+def test_missing_hardware_messages() -> None:
+    msg = _missing_message("V710", {"H100": 8}, 0, 0)
+    assert msg.startswith("hardware V710: no V710 GPUs in this cluster (found: H100×8)")
+    assert "fleet.wait_for_nodes_s" in msg and "accelerator_type:V710" in msg
+    assert msg.endswith("its studies are skipped")
+    msg = _missing_message("A100", {}, 2, 30)
+    assert "found: no GPUs" in msg and "after waiting 30 s for the autoscaler" in msg
+    assert "2 GPU(s) advertise no accelerator_type" in msg
+
+
+def test_device_of_a_study() -> None:
+    base = {"vendor": "cpu", "device_name": "cpu", "sm_count": 4, "smem_per_block": 1 << 30,
+            "has_tma": False, "interpreted": True}
+    # A simulated V710 node: the worker runs the interpreter, the study prunes and picks
+    # its space as for a V710 (AMD).
+    dev = _device_from_info({**base, "worker_hardware": "V710"})
+    assert dev.vendor == "amd" and dev.key == "V710" and dev.interpreted
+    assert dev.smem_per_block == spec_for_key("V710").smem_per_block
+    assert _device_from_info({**base, "worker_hardware": "H100"}).vendor == "nvidia"
+    assert _device_from_info({**base, "worker_hardware": "cpu"}).vendor == "cpu"
+    real = {**base, "worker_hardware": "H200", "vendor": "nvidia", "device_name": "NVIDIA H200",
+            "sm_count": 132, "smem_per_block": 232448, "has_tma": True, "interpreted": False}
+    dev = _device_from_info(real)
+    assert (dev.name, dev.sm_count, dev.interpreted) == ("NVIDIA H200", 132, False)
+
+
+def test_grouped_gemm_drops_amd_launch_options_off_rocm(monkeypatch) -> None:
+    import kernels.grouped_gemm as gg
+
+    seen: list[dict] = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: seen.append(meta)
+
+    monkeypatch.setattr(gg, "_grouped_gemm_kernel", Spy())
+    k = gg.GroupedGemm()
+    shape = {"M": 64, "N": 64, "K": 64, "E": 2}
+    inputs = k.make_inputs(shape, "fp16", 0, "cpu")
+    amd = {"waves_per_eu": 2, "kpack": 2, "matrix_instr_nonkdim": 16}
+    k.launcher(inputs, shape, {**k.default_config, **amd})()
+    assert seen and not set(amd) & set(seen[-1])  # CPU (and CUDA): never passed
+    assert seen[-1]["num_warps"] == k.default_config["num_warps"]
+
+
+def test_skeleton_round_trip() -> None:
+    inputs = {"a": torch.randn(4, 6)[:, :3], "meta": [1, 2], "pair": (torch.ones(2), 5)}
+    skel = fleet.skeleton(inputs)
+    assert isinstance(skel["a"], fleet.TensorSpec) and skel["meta"] == [1, 2]
+    again = fleet.materialise(skel)  # meta: the layout without memory
+    assert again["a"].device.type == "meta" and again["a"].dtype == torch.float32
+    assert again["a"].shape == (4, 3) and again["a"].stride() == (6, 1)
+    assert again["pair"][0].dtype == torch.float32 and again["pair"][1] == 5
+    assert fleet.materialise(skel, "cpu")["a"].device.type == "cpu"
+
+
+@pytest.mark.slow
+def test_precompiler_compiles_in_a_child_process(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FAULT_DIR", str(tmp_path))
+    from tests.fault_kernels import Faulty
+
+    shape = {"N": 64}
+    skel = fleet.skeleton(Faulty().make_inputs(shape, "fp32", 0, "cpu"))
+    pre = Precompiler(1)
+    try:
+        configs = [{"FAULT": "none", "SLEEP_MS": s} for s in (1, 2)]
+        pre.submit("p", FAULTY, shape, skel, configs)
+        pre.submit("p", FAULTY, shape, skel, configs)  # already under way: not again
+        for c in configs:
+            out = pre.wait("p", c, timeout_s=120)
+            assert out["ok"] and out["pid"] != os.getpid()
+        assert pre.wait("p", configs[0]) is None  # collected once
+        assert pre.wait("q", configs[0]) is None  # never submitted
+        # A compile that raises is reported, not fatal (the trial compiles for itself).
+        pre.submit("p", "no.such.module:Kernel", shape, skel, [configs[0]])
+        out = pre.wait("p", configs[0], timeout_s=120)
+        assert not out["ok"] and "ModuleNotFoundError" in out["reason"]
+    finally:
+        pre.close()
+    compiled = [e for e in read_events(tmp_path) if e["event"] == "compile"]
+    assert sorted(e["config"]["SLEEP_MS"] for e in compiled) == [1, 2]
+
+
+# -- the search ---------------------------------------------------------------------------
+
+
+def _search(tmp_path: Path, sampler: str = "grid", trials: int = 50) -> Search:
+    spec = StudySpec("exp", FAULTY, {"N": 64}, "fp32", "cpu")
+    space = {"FAULT": ["none"], "SLEEP_MS": [1, 2, 3], "BLOCK": [128]}
+    settings = SearchSettings(sampler=sampler, trials=trials, warm_start=False)
+    storage = make_storage(storage_url(tmp_path, "exp"))
+    return Search(spec, space, spec_for_key("cpu"), settings, storage, 0, n_parallel=1)
+
+
+def _ok(ms: float) -> TrialResult:
+    return TrialResult(ok=True, latency_ms=ms)
+
+
+def test_storage_is_sqlite_in_wal_mode(tmp_path: Path) -> None:
+    storage = make_storage(storage_url(tmp_path, "exp"))
+    with storage.engine.connect() as con:
+        assert con.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_grid_sampler_runs_out_without_raising(tmp_path: Path) -> None:
+    s = _search(tmp_path)
+    seen = []
+    while (asked := s.ask()) is not None:
+        trial, config = asked
+        seen.append(config["SLEEP_MS"])
+        s.tell(trial, config, _ok(float(config["SLEEP_MS"])))  # the last tell used to raise
+    assert sorted(seen) == [1, 2, 3] and s.counts()["measured"] == 3
+
+
+def test_resume_finishes_or_requeues_what_a_killed_driver_left(tmp_path: Path) -> None:
+    s = _search(tmp_path)
+    t0, c0 = s.ask()
+    s.tell(t0, c0, _ok(5.0))
+    # Left running with its result stored (killed just before the tell) ...
+    t1, c1 = s.ask()
+    t1.set_user_attr("status", "measured")
+    t1.set_user_attr("result", _ok(4.0).to_dict() | {"latency_ms": 4.0})
+    # ... and left running with no result (killed mid-measurement).
+    t2, c2 = s.ask()
+    s2 = _search(tmp_path)  # the resumed driver
+    assert s2.recovered == [t1.number]
+    assert s2.interrupted == [c2]
+    trials = {t.number: t for t in s2.study.trials}
+    assert trials[t1.number].state == TrialState.COMPLETE and trials[t1.number].value == 4.0
+    assert trials[t2.number].state == TrialState.FAIL
+    assert trials[t2.number].user_attrs["status"] == "interrupted"
+    assert s2.measured == 2 and s2.counts()["measured"] == 2
+    # The interrupted config comes back first, and nothing finished is asked again.
+    t3, c3 = s2.ask()
+    assert c3 == c2
+    s2.tell(t3, c3, _ok(3.0))
+    assert s2.ask() is None
+    assert s2.best()[0] == c3
+
+
+def test_fleet_settings_in_experiment_files(tmp_path: Path) -> None:
+    base = {"name": "x", "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}]}
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump(base))
+    fs = experiment.load(path).fleet
+    assert (fs.wait_for_nodes_s, fs.queue_depth, fs.compile_workers, fs.max_retries) == (
+        0.0, 2, 2, 2)
+    path.write_text(yaml.safe_dump({**base, "fleet": {"wait_for_nodes_s": 600,
+                                                      "queue_depth": 8}}))
+    fs = experiment.load(path).fleet
+    assert fs.wait_for_nodes_s == 600 and fs.queue_depth == 8
+    for bad, field in (({"queue_depth": 0}, "fleet.queue_depth"),
+                       ({"wait_for_nodes_s": -1}, "fleet.wait_for_nodes_s"),
+                       ({"wait_for_node": 5}, "fleet.wait_for_node")):
+        path.write_text(yaml.safe_dump({**base, "fleet": bad}))
+        with pytest.raises(ExperimentError) as err:
+            experiment.load(path)
+        assert err.value.field == field
+
+
+def test_shipped_grid_config_is_valid() -> None:
+    root = Path(__file__).resolve().parent.parent
+    exp = experiment.load(root / "configs" / "matmul_grid216.yaml")
+    assert exp.kernel == "matmul" and exp.search.sampler == "grid"
+    assert exp.search.trials >= 216 and exp.shapes == [{"M": 8192, "N": 8192, "K": 8192}]
+    assert exp.fleet.compile_workers > 0 and exp.fleet.queue_depth > 2
+    assert not math.isnan(exp.timing.rep_ms)

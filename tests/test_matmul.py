@@ -1,0 +1,166 @@
+"""matmul: every tunable value against the reference (interpreter on CPU), ragged shapes,
+dtypes, static pruning, the 216-config grid, and on a GPU the seed shape and compiling
+ahead in another process (the worker's compile-ahead path)."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import spaces
+from harness.hardware import spec_for_key
+from harness.kernel_api import get
+from kernels.matmul import Matmul
+
+KERNEL = Matmul()
+H100, H200, V710 = spec_for_key("H100"), spec_for_key("H200"), spec_for_key("V710")
+# Every tile choice (up to 256) passes check_config here; M, N and K end off the tile grid.
+RAGGED = {"M": 200, "N": 136, "K": 80}
+
+
+def _check(shape: dict, config: dict, dtype: str, device: str = "cpu", seed: int = 3) -> None:
+    inputs = KERNEL.make_inputs(shape, dtype, seed, device)
+    out = KERNEL.launcher(inputs, shape, config)()
+    ref = KERNEL.reference(inputs, shape)
+    assert out.dtype == inputs["a"].dtype and out.shape == ref.shape
+    tol = KERNEL.tolerance(dtype, config)
+    torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol)
+
+
+def _space_values() -> list[tuple[str, object]]:
+    raw = spaces.load_raw("matmul")
+    sections = [raw.get("params") or {}]
+    sections += [(v or {}).get("params") or {} for v in (raw.get("vendors") or {}).values()]
+    sections += [(h or {}).get("params") or {} for h in (raw.get("hardware") or {}).values()]
+    return list(dict.fromkeys((n, c) for sec in sections for n, cs in sec.items() for c in cs))
+
+
+def test_registered_and_space_is_216() -> None:
+    assert isinstance(get("matmul"), Matmul)
+    space = spaces.resolve([spaces.for_kernel(KERNEL)], "nvidia", "H200")
+    assert spaces.grid_size(space) == 216
+    cpu = spaces.resolve([spaces.for_kernel(KERNEL)], "cpu", "cpu")
+    assert spaces.grid_size(cpu) == 4
+
+
+@pytest.mark.parametrize(("name", "value"), _space_values())
+def test_each_tunable_value(name: str, value: object) -> None:
+    config = {**KERNEL.default_config, name: value}
+    device = V710 if name in ("waves_per_eu",) or (name == "num_stages" and value < 3) else H100
+    assert KERNEL.check_config(config, RAGGED, device) is None, config
+    # AMD launch options are dropped off ROCm: the config still runs (and is right).
+    _check(RAGGED, config, "fp16")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("group_m", [1, 8])
+def test_dtypes_and_group_order(dtype: str, group_m: int) -> None:
+    # 4 x 3 tiles of 64: GROUP_M=8 groups span more rows than exist (the last group is short).
+    _check({"M": 256, "N": 192, "K": 96},
+           {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": group_m}, dtype)
+
+
+def test_odd_k_tail_and_default() -> None:
+    _check({"M": 64, "N": 64, "K": 40}, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}, "fp32")
+    _check(KERNEL.shapes["test"], KERNEL.default_config, "fp16")
+
+
+def test_inputs_and_eager() -> None:
+    shape = {"M": 32, "N": 48, "K": 16}
+    a = KERNEL.make_inputs(shape, "fp16", 5, "cpu")
+    b = KERNEL.make_inputs(shape, "fp16", 5, "cpu")
+    c = KERNEL.make_inputs(shape, "fp16", 6, "cpu")
+    assert torch.equal(a["a"], b["a"]) and not torch.equal(a["a"], c["a"])
+    assert a["a"].shape == (32, 16) and a["b"].shape == (16, 48)
+    assert float(a["a"].abs().min()) > 0 or float(a["a"].abs().sum()) > 0  # never zeros
+    ref = KERNEL.reference(a, shape)
+    torch.testing.assert_close(KERNEL.eager(a, shape).float(), ref, atol=1e-2, rtol=1e-2)
+
+
+def test_check_config() -> None:
+    big = KERNEL.shapes["square-8192"]
+    for key in ("H100", "H200", "A100", "V710"):
+        assert KERNEL.check_config(KERNEL.default_config, big, spec_for_key(key)) is None, key
+    base = KERNEL.default_config
+    # Too much shared memory on Hopper: 5 stages of 256x64 + 64x256 tiles.
+    assert "shared memory" in KERNEL.check_config(
+        {**base, "BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 5,
+         "num_warps": 8}, big, H200)
+    # The accumulator would spill: 256x256 fp32 values over 4 warps.
+    assert "per thread" in KERNEL.check_config(
+        {**base, "BLOCK_M": 256, "BLOCK_N": 256, "num_warps": 4}, big, H200)
+    assert "AMD-only" in KERNEL.check_config({**base, "waves_per_eu": 2}, big, H200)
+    assert KERNEL.check_config({**base, "waves_per_eu": 2}, big, V710) is None
+    assert "power of two" in KERNEL.check_config({**base, "BLOCK_K": 48}, big, H200)
+    assert "next_pow2" in KERNEL.check_config({**base, "BLOCK_M": 256}, {**big, "M": 100}, H200)
+    # The grid: some configs are pruned on an H200, most run.
+    space = spaces.resolve([spaces.for_kernel(KERNEL)], "nvidia", "H200")
+    configs = [dict(zip(space, v, strict=True)) for v in itertools.product(*space.values())]
+    ok = [c for c in configs if KERNEL.check_config(c, big, H200) is None]
+    assert len(configs) == 216 and 150 <= len(ok) < 216
+
+
+def test_cost_model() -> None:
+    s = KERNEL.shapes["square-8192"]
+    assert KERNEL.flops(s) == 2 * 8192**3
+    assert KERNEL.bytes_moved(s, "bf16") == 3 * 8192 * 8192 * 2
+
+
+# -- GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [
+    {},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
+     "GROUP_M": 1},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 5},
+])
+def test_gpu_seed_shape_bf16(device: str, config: dict) -> None:
+    _check(KERNEL.shapes["square-8192"], {**KERNEL.default_config, **config}, "bf16", device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_gpu_ragged_other_dtypes(device: str, dtype: str) -> None:
+    _check({"M": 1000, "N": 1800, "K": 700}, KERNEL.default_config, dtype, device)
+
+
+def _compile_child(cache: str, shape: dict, config: dict) -> None:
+    """What a worker's compile child does: compile_only on meta tensors rebuilt from the
+    inputs' skeleton (no device memory)."""
+    os.environ["TRITON_CACHE_DIR"] = cache
+    from harness.fleet import materialise, skeleton
+
+    k = Matmul()
+    inputs = materialise(skeleton(k.make_inputs(shape, "bf16", 0, "cpu")))
+    assert inputs["a"].device.type == "meta"
+    k.compile_only(inputs, shape, config)
+
+
+@pytest.mark.gpu
+def test_gpu_compile_only_in_another_process_fills_the_cache(tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """What the worker's compile-ahead relies on: a child's compile_only (on meta tensors)
+    writes Triton's on-disk cache, and this process's first launch of the config on real
+    tensors loads it, compiling nothing (no new cache entry)."""
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    shape = {"M": 2048, "N": 2048, "K": 2048}
+    config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_compile_child, args=(str(cache), shape, config))
+    p.start()
+    p.join(300)
+    assert p.exitcode == 0
+    before = sorted(x.name for x in cache.iterdir())
+    assert before, "the child compiled nothing"
+    _check(shape, config, "bf16", "cuda")
+    after = sorted(x.name for x in cache.iterdir())
+    assert after == before, "the parent compiled again instead of loading the child's binary"

@@ -1,0 +1,45 @@
+"""Search decisions that need no Ray: accuracy requirements and static pruning."""
+
+from __future__ import annotations
+
+import optuna
+
+from harness.experiment import SearchSettings, StudySpec
+from harness.hardware import spec_for_key
+from harness.measure import TrialResult
+from harness.search import Search
+
+SHAPE = {"M": 4096, "N": 1408, "K": 2048, "E": 64}
+
+
+def _search(**settings) -> Search:
+    spec = StudySpec("t", "grouped_gemm", SHAPE, "bf16", "H100")
+    space = {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64], "num_stages": [3, 9]}
+    return Search(spec, space, spec_for_key("H100"),
+                  SearchSettings(trials=4, warm_start=False, **settings),
+                  optuna.storages.InMemoryStorage(), seed=0, n_parallel=1)
+
+
+def test_accuracy_requirement_fails_fast_but_inaccurate_configs():
+    s = _search(max_abs_err=1e-3)
+    trial, config = s.ask()
+    s.tell(trial, config, TrialResult(ok=True, latency_ms=0.1, max_abs_err=5e-3, max_rel_err=1e-3))
+    trial2, config2 = s.ask()
+    s.tell(trial2, config2, TrialResult(ok=True, latency_ms=0.2, max_abs_err=1e-4,
+                                        max_rel_err=1e-5))
+    (failed_config, reason), = s.failures()
+    assert failed_config == config and "accuracy requirement: max_abs_err" in reason
+    best_config, best = s.best()
+    assert best_config == config2 and best["latency_ms"] == 0.2
+
+
+def test_static_pruning_never_hands_out_invalid_configs():
+    s = _search()
+    handed = []
+    while (asked := s.ask()) is not None:
+        trial, config = asked
+        handed.append(config)
+        s.tell(trial, config, TrialResult(ok=True, latency_ms=1.0, max_abs_err=0, max_rel_err=0))
+    # num_stages=9 at these tiles needs far more shared memory than an H100 has.
+    assert handed and all(c["num_stages"] == 3 for c in handed)
+    assert s.pruned >= 1
