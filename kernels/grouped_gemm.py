@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
 
@@ -31,6 +32,32 @@ _AMD_KWARGS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 # Programs of the persistent variant when there is no GPU to ask (the interpreter): small,
 # so that each program still loops over several tiles.
 _CPU_PROGRAMS = 4
+
+
+@triton.jit
+def _tile_map(
+    tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, GROUP_M: tl.constexpr
+):
+    """(expert, first row of the tile, the expert's end row, n-tile) of ``tile`` in the
+    (virtual m-block, n-tile) grid, whose m-blocks run over the experts' blocks back to
+    back. Shared by the pointer and the TMA kernels. Returns the m-block's index within
+    the expert as well, as ``pid_m - blk0``."""
+    # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
+    # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_n = (tile % num_pid_in_group) // group_size_m
+
+    # Empty experts add nothing to cum, so counting cum <= pid_m skips them.
+    expert = tl.sum((cum <= pid_m).to(tl.int32), 0)
+    sel = e_idx == expert
+    blk0 = tl.sum(tl.where(sel, cum - nblk, 0), 0)
+    row0 = tl.sum(tl.where(sel, starts, 0), 0)
+    row_end = tl.sum(tl.where(sel, ends, 0), 0)
+    return expert, row0, row_end, pid_m - blk0, pid_n
 
 
 @triton.jit
@@ -60,25 +87,11 @@ def _gemm_tile(
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """One BLOCK_M x BLOCK_N output tile; ``tile`` indexes the (virtual m-block, n-tile)
-    grid, whose m-blocks run over the experts' blocks back to back."""
-    # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
-    # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
-    pid_n = (tile % num_pid_in_group) // group_size_m
-
-    # Empty experts add nothing to cum, so counting cum <= pid_m skips them.
-    expert = tl.sum((cum <= pid_m).to(tl.int32), 0)
-    sel = e_idx == expert
-    blk0 = tl.sum(tl.where(sel, cum - nblk, 0), 0)
-    row0 = tl.sum(tl.where(sel, starts, 0), 0)
-    row_end = tl.sum(tl.where(sel, ends, 0), 0)
-
-    rows = row0 + (pid_m - blk0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """One BLOCK_M x BLOCK_N output tile (pointer loads)."""
+    expert, row0, row_end, local_m, pid_n = _tile_map(
+        tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, GROUP_M
+    )
+    rows = row0 + local_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < row_end
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -180,6 +193,115 @@ def _grouped_gemm_kernel(
             )  # fmt: skip
 
 
+@triton.jit
+def _gemm_tile_tma(
+    tile,
+    a_desc,
+    w_desc,
+    out_ptr,
+    N,
+    K,
+    stride_om,
+    e_idx,
+    starts,
+    ends,
+    nblk,
+    cum,
+    num_pid_m,
+    num_pid_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One output tile with TMA loads: ``a_desc`` covers A [M, K] in [BLOCK_M, BLOCK_K]
+    boxes, ``w_desc`` covers W viewed as [E*N, K] in [BLOCK_N, BLOCK_K] boxes. A box
+    does not stop at an expert's end: rows past it (the next expert's A rows, or the
+    next expert's W rows past N) are multiplied but masked at the store; rows and K
+    columns past the tensors' ends are zero-filled by the hardware."""
+    expert, row0, row_end, local_m, pid_n = _tile_map(
+        tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, GROUP_M
+    )
+    m0 = row0 + local_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    # TMA coordinates are int32: E*N and M stay far below 2**31 rows.
+    w_row = expert * N + n0
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([m0, k * BLOCK_K])
+        b = w_desc.load([w_row, k * BLOCK_K])
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
+
+    rows = m0 + tl.arange(0, BLOCK_M)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    # A masked pointer store: a TMA store of the box would write past the expert's end
+    # (into the next expert's rows) or past N.
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    tl.store(
+        out_ptrs,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=(rows < row_end)[:, None] & (cols < N)[None, :],
+    )
+
+
+@triton.jit
+def _grouped_gemm_tma_kernel(
+    a_desc,
+    w_desc,
+    out_ptr,
+    offs_ptr,
+    N,
+    K,
+    E,
+    stride_om,
+    NUM_PROGS,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """USE_TMA=1: the same tile mapping as ``_grouped_gemm_kernel``, host-built tensor
+    descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A and W."""
+    pid = tl.program_id(0)
+    e_idx = tl.arange(0, E_PAD)
+    e_mask = e_idx < E
+    starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
+    ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
+    nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(nblk, 0)
+    num_pid_m = tl.sum(nblk, 0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    total_tiles = num_pid_m * num_pid_n
+
+    if PERSISTENT:
+        for tile in tl.range(pid, total_tiles, NUM_PROGS):
+            _gemm_tile_tma(
+                tile, a_desc, w_desc, out_ptr, N, K, stride_om,
+                e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, UPCAST, IEEE,
+            )  # fmt: skip
+    else:
+        if pid < total_tiles:
+            _gemm_tile_tma(
+                pid, a_desc, w_desc, out_ptr, N, K, stride_om,
+                e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, UPCAST, IEEE,
+            )  # fmt: skip
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 
@@ -227,6 +349,36 @@ def make_grouped_inputs(
     }
 
 
+def _torch_grouped_mm() -> Callable[..., torch.Tensor] | None:
+    """torch.nn.functional.grouped_mm (public since torch 2.9) or torch._grouped_mm."""
+    fn = getattr(torch.nn.functional, "grouped_mm", None)
+    return fn if fn is not None else getattr(torch, "_grouped_mm", None)
+
+
+def _grouped_mm_baseline(inputs: Inputs, shape: Shape) -> Callable[[], torch.Tensor]:
+    """torch's grouped GEMM: 2D A [M, K] x 3D B [E, K, N] with int32 ``offs`` = the
+    experts' end rows. W.transpose(1, 2) is the column-major B it takes without a copy.
+    Its kernels want 16-byte aligned rows (K and N multiples of 8 in bf16) and, on CUDA,
+    bf16 on sm90+ for the fast path; where this torch refuses the problem, the raise
+    reaches the bench, which reports the baseline as failed."""
+    fn = _torch_grouped_mm()
+    if fn is None:
+        raise RuntimeError("this torch has no grouped_mm")
+    a, w = inputs["a"], inputs["w"]
+    b = w.transpose(1, 2)
+    ends = inputs["offsets"][1:].to(torch.int32).contiguous()
+    return lambda: fn(a, b, offs=ends, out_dtype=a.dtype)
+
+
+def _dense_baseline(inputs: Inputs, shape: Shape) -> Callable[[], torch.Tensor]:
+    """One dense [M, K] x [K, N] GEMM (expert 0's weight for every row): the same
+    2*M*N*K FLOPs and output shape, not the same result."""
+    a, w = inputs["a"], inputs["w"]
+    b = w[0].t()
+    out = torch.empty(a.shape[0], w.shape[1], dtype=a.dtype, device=a.device)
+    return lambda: torch.mm(a, b, out=out)
+
+
 class GroupedGemm(Kernel):
     """Contiguous grouped GEMM: ``out[M, N] = A[rows of e] @ W[e]^T`` for each expert e."""
 
@@ -242,6 +394,7 @@ class GroupedGemm(Kernel):
         "num_warps": 4,
         "num_stages": 3,
         "PERSISTENT": 0,
+        "USE_TMA": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -292,8 +445,10 @@ class GroupedGemm(Kernel):
                 torch.mm(a[lo:hi], w[e].t(), out=out[lo:hi])
         return out
 
-    def _launch(self, inputs: Inputs, config: Config) -> tuple[tuple, tuple, dict, torch.Tensor]:
-        """(grid, args, meta, out): what both the launcher and compile_only hand Triton."""
+    def _launch(
+        self, inputs: Inputs, config: Config
+    ) -> tuple[Any, tuple, tuple, dict, torch.Tensor]:
+        """(kernel, grid, args, meta, out): what the launcher and compile_only hand Triton."""
         cfg = {**self.default_config, **config}
         a, w, offsets = inputs["a"], inputs["w"], inputs["offsets"]
         M, K = a.shape
@@ -317,6 +472,26 @@ class GroupedGemm(Kernel):
             launch_kw.update({k: cfg[k] for k in _AMD_KWARGS if k in cfg})
 
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        upcast = interpreted and a.dtype != torch.float32
+        ieee = a.dtype == torch.float32
+        if int(cfg.get("USE_TMA", 0)):
+            self._check_tma_layout(a, w)
+            # The descriptors are built once, here, not per launch.
+            a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+            w_desc = TensorDescriptor.from_tensor(w.view(E * N, K), [bn, bk])
+            args = (a_desc, w_desc, out, offsets, N, K, E, out.stride(0), num_progs)
+            meta = {
+                "E_PAD": max(2, _next_pow2(E)),
+                "BLOCK_M": bm,
+                "BLOCK_N": bn,
+                "BLOCK_K": bk,
+                "GROUP_M": int(cfg["GROUP_M"]),
+                "PERSISTENT": persistent,
+                "UPCAST": upcast,
+                "IEEE": ieee,
+                **launch_kw,
+            }
+            return _grouped_gemm_tma_kernel, grid, args, meta, out
         args = (
             a, w, out, offsets, N, K, E,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0),
@@ -330,16 +505,28 @@ class GroupedGemm(Kernel):
             "GROUP_M": int(cfg["GROUP_M"]),
             "PERSISTENT": persistent,
             "EVEN_K": K % bk == 0,
-            "UPCAST": interpreted and a.dtype != torch.float32,
+            "UPCAST": upcast,
             # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
-            "IEEE": a.dtype == torch.float32,
+            "IEEE": ieee,
             **launch_kw,
         }
-        return grid, args, meta, out
+        return _grouped_gemm_kernel, grid, args, meta, out
+
+    @staticmethod
+    def _check_tma_layout(a: torch.Tensor, w: torch.Tensor) -> None:
+        """TMA wants 16-byte aligned bases and row strides, and W's [E, N] rows must
+        flatten to one [E*N, K] matrix."""
+        for name, t in (("A", a), ("W", w)):
+            # Meta tensors (compile_only) have no address to check.
+            base = 0 if t.device.type == "meta" else t.data_ptr()
+            if base % 16 or (t.stride(-2) * t.element_size()) % 16:
+                raise ValueError(f"grouped_gemm USE_TMA: {name} is not 16-byte aligned")
+        if w.stride(0) != w.shape[1] * w.stride(1):
+            raise ValueError("grouped_gemm USE_TMA: W's experts are not contiguous")
 
     def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
-        grid, args, meta, out = self._launch(inputs, config)
-        kernel = _grouped_gemm_kernel[grid]
+        jit_fn, grid, args, meta, out = self._launch(inputs, config)
+        kernel = jit_fn[grid]
 
         def run() -> torch.Tensor:
             kernel(*args, **meta)
@@ -351,8 +538,19 @@ class GroupedGemm(Kernel):
         """Compile ``config`` exactly as the launcher would launch it, without running it
         (the harness's workers compile queued configs ahead in child processes). The
         inputs may be meta tensors: nothing is allocated or launched."""
-        grid, args, meta, _ = self._launch(inputs, config)
-        _grouped_gemm_kernel.warmup(*args, grid=grid, **meta)
+        jit_fn, grid, args, meta, _ = self._launch(inputs, config)
+        jit_fn.warmup(*args, grid=grid, **meta)
+
+    # -- baselines --------------------------------------------------------------------
+    def baselines(self) -> dict[str, Callable[[Inputs, Shape], Callable[[], Any]]]:
+        """torch's grouped GEMM where this torch has it, and a dense cuBLAS GEMM of the
+        same FLOPs (a speed yardstick only: it multiplies every row by expert 0's W, so
+        its accuracy reads as a mismatch)."""
+        out: dict[str, Callable[[Inputs, Shape], Callable[[], Any]]] = {}
+        if _torch_grouped_mm() is not None:
+            out["torch._grouped_mm"] = _grouped_mm_baseline
+        out["dense cuBLAS (same FLOPs, not the same result)"] = _dense_baseline
+        return out
 
     # -- cost model -------------------------------------------------------------------
     def flops(self, shape: Shape) -> float:
@@ -387,6 +585,16 @@ class GroupedGemm(Kernel):
         for name, v in (("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk)):
             if v < 16 or v & (v - 1):
                 return f"{name}={v}: must be a power of two >= 16"
+        if int(cfg.get("USE_TMA", 0)):
+            # Interpreted Triton emulates descriptors (checked on 3.9), so CPU runs test it.
+            if not (device.has_tma or device.interpreted):
+                return f"USE_TMA=1: {device.key} has no TMA"
+            # Row strides must be 16-byte multiples (2-byte dtypes assumed, as below).
+            if K % 8:
+                return f"USE_TMA=1: K={K} rows are not 16-byte aligned"
+            # A TMA box is at most 256 elements a side.
+            if max(bm, bn, bk) > 256:
+                return "USE_TMA=1: TMA boxes are at most 256 elements a side"
         if int(cfg["GROUP_M"]) < 1:
             return f"GROUP_M={cfg['GROUP_M']}: must be >= 1"
         # A tile more than twice the padded dimension is mostly masked-out work.

@@ -13,7 +13,9 @@ from harness import spaces
 from harness.kernel_api import DeviceSpec, get
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
 
-H100 = DeviceSpec(key="H100", vendor="nvidia", sm_count=132, smem_per_block=227 * 1024)
+H100 = DeviceSpec(key="H100", vendor="nvidia", sm_count=132, smem_per_block=227 * 1024,
+                  has_tma=True)
+A100 = DeviceSpec(key="A100", vendor="nvidia", sm_count=108, smem_per_block=163 * 1024)
 MI300 = DeviceSpec(key="MI300X", vendor="amd", sm_count=304, smem_per_block=64 * 1024)
 CPU = DeviceSpec(key="cpu", vendor="cpu", interpreted=True)
 
@@ -210,6 +212,50 @@ def test_shape_matching_and_cost_model() -> None:
     assert k.bytes_moved(base, "bf16") == elems * 2 + 65 * 4
 
 
+def test_tma_pruning() -> None:
+    seed = KERNEL.shapes["deepseek-v3-16b"]
+    tma = {"USE_TMA": 1}
+    assert KERNEL.check_config(tma, seed, H100) is None
+    assert KERNEL.check_config(tma, seed, CPU) is None  # the interpreter emulates it
+    assert "TMA" in KERNEL.check_config(tma, seed, A100)
+    assert "TMA" in KERNEL.check_config(tma, seed, MI300)
+    assert "16-byte" in KERNEL.check_config(tma, {**seed, "K": 2052}, H100)
+    assert KERNEL.check_config({"USE_TMA": 0}, seed, A100) is None
+
+
+@pytest.mark.parametrize("persistent", [0, 1])
+@pytest.mark.parametrize("block_k", [64, 128])
+def test_tma_matches_pointer_path(persistent: int, block_k: int, fp16_inputs: dict) -> None:
+    """Same tiles, same products in the same order: the TMA variant gives the same bits
+    (K = 160 ends off the tile grid, so the zero-filled K tail is exercised too)."""
+    shape = _shape(COUNTS, N_, K_)
+    base = {**KERNEL.default_config, "PERSISTENT": persistent, "BLOCK_K": block_k}
+    out_tma = _check(fp16_inputs, shape, {**base, "USE_TMA": 1}, "fp16").clone()
+    out_ptr = KERNEL.launcher(fp16_inputs, shape, base)()
+    assert torch.equal(out_tma, out_ptr)
+
+
+def test_tma_rejects_unaligned_layout() -> None:
+    counts = [3, 5]
+    inputs = make_grouped_inputs(counts, 32, 36, "fp16", seed=2, device="cpu")  # 72-byte rows
+    with pytest.raises(ValueError, match="16-byte"):
+        KERNEL.launcher(inputs, _shape(counts, 32, 36), {"USE_TMA": 1})
+
+
+def test_baselines_cpu(fp16_inputs: dict) -> None:
+    shape = _shape(COUNTS, N_, K_)
+    ref = KERNEL.reference(fp16_inputs, shape)
+    bl = KERNEL.baselines()
+    dense = bl["dense cuBLAS (same FLOPs, not the same result)"](fp16_inputs, shape)()
+    assert dense.shape == ref.shape  # same shape and FLOPs, different numbers
+    if "torch._grouped_mm" in bl:
+        try:
+            out = bl["torch._grouped_mm"](fp16_inputs, shape)()
+        except (RuntimeError, NotImplementedError) as exc:  # no CPU kernel in this torch
+            pytest.skip(f"grouped_mm has no CPU path here: {exc}")
+        torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
 # -- GPU ---------------------------------------------------------------------------------
 
 GPU_CONFIGS = [
@@ -259,3 +305,65 @@ def test_gpu_other_dtypes_and_empty_experts(device: str, dtype: str, persistent:
     torch.testing.assert_close(
         KERNEL.eager(inputs, shape).float(), KERNEL.reference(inputs, shape), atol=2e-2, rtol=2e-2
     )
+
+
+TMA_CONFIGS = [
+    {"USE_TMA": 1, "PERSISTENT": 0},
+    {"USE_TMA": 1, "PERSISTENT": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 8,
+     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4,
+     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1},
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", TMA_CONFIGS, ids=lambda c: str(sorted(c.items())))
+def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
+    from harness import hardware
+
+    spec = hardware.current_device()
+    if not spec.has_tma:
+        pytest.skip("no TMA on this GPU")
+    shape = KERNEL.shapes["deepseek-v3-16b"]
+    assert KERNEL.check_config(config, shape, spec) is None
+    inputs = KERNEL.make_inputs(shape, "bf16", seed=0, device=device)
+    ref = KERNEL.reference(inputs, shape)
+    fn = KERNEL.launcher(inputs, shape, config)
+    out = fn()
+    out.fill_(float("nan"))  # every element must be written by the next launch
+    assert fn() is out
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    tol = KERNEL.tolerance("bf16", config)
+    torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol)
+
+
+@pytest.mark.gpu
+def test_gpu_tma_empty_experts_and_compile_only(device: str) -> None:
+    counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
+    shape = _shape(counts, 1408, 2048)
+    inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=1, device=device)
+    config = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_N": 256, "num_warps": 8}
+    out = KERNEL.launcher(inputs, shape, config)()
+    torch.testing.assert_close(out.float(), KERNEL.reference(inputs, shape), atol=2e-2, rtol=2e-2)
+    meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    KERNEL.compile_only(meta, shape, {**config, "PERSISTENT": 0})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [128, 49152])
+def test_gpu_baselines(device: str, m: int) -> None:
+    shape = {**KERNEL.shapes["deepseek-v3-16b"], "M": m}
+    inputs = KERNEL.make_inputs(shape, "bf16", seed=3, device=device)
+    ref = KERNEL.reference(inputs, shape)
+    bl = KERNEL.baselines()
+    dense = bl["dense cuBLAS (same FLOPs, not the same result)"](inputs, shape)()
+    assert dense.shape == ref.shape
+    if "torch._grouped_mm" not in bl:
+        pytest.skip("this torch has no grouped_mm")
+    out = bl["torch._grouped_mm"](inputs, shape)()
+    assert out.shape == ref.shape and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
