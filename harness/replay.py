@@ -35,6 +35,7 @@ Command line::
     python -m harness.replay export-all --runs runs --out benchmarks/replay [--experiments ...]
     python -m harness.replay run TABLE.json --sampler tpe --seed 0
     python -m harness.replay summary benchmarks/replay
+    python -m harness.replay check configs/sweeps/X.yaml   # exit 0: already recorded
 """
 
 from __future__ import annotations
@@ -133,10 +134,11 @@ class Table:
 
     @property
     def pruned_cost_s(self) -> float:
-        """Estimated GPU time a pruned config would cost if it were launched anyway: it
-        fails to compile (or to fit), so about one compile."""
+        """Estimated GPU time a pruned config would cost if it were launched anyway: that
+        of a typical measured config (the median). Some would fail at their first launch
+        (shared memory) and cost less, others (register spills) run and cost as much."""
         est = self.data.get("pruned_cost_estimate_s")
-        return float(est) if est is not None else _compile_estimate(self.trials)
+        return float(est) if est is not None else _pruned_estimate(self.trials)
 
     @property
     def unpruned_grid_cost_s(self) -> float:
@@ -159,6 +161,11 @@ def _compile_estimate(trials: Sequence[Mapping[str, Any]]) -> float:
     if not xs:
         xs = [t.get("compile_s") for t in trials if t.get("compile_s") is not None]
     return float(statistics.median(xs)) if xs else 1.0
+
+
+def _pruned_estimate(trials: Sequence[Mapping[str, Any]]) -> float:
+    xs = [t["cost_s"] for t in trials if t["status"] == "ok" and t.get("cost_s") is not None]
+    return float(statistics.median(xs)) if xs else 0.0
 
 
 def load_tables(root: str | Path, complete_only: bool = True) -> list[Table]:
@@ -298,7 +305,7 @@ def export_study(storage: Any, study_name: str) -> dict[str, Any]:
         "counts": {s: sum(1 for r in recs if r["status"] == s) for s in STATUSES},
         "default_config": default_config,
         "baselines_ms": {"eager": _num(eager), "default": _num(default)},
-        "pruned_cost_estimate_s": _num(_compile_estimate(recs)),
+        "pruned_cost_estimate_s": _num(_pruned_estimate(recs)),
         "cost_model": "cost_s = timing_s + compile_s of the measuring worker (see "
                       "harness/replay.py); pruned configs cost 0",
         "trials": recs,
@@ -338,7 +345,7 @@ def export_all(runs_dir: str | Path, out_dir: str | Path,
                experiments: Iterable[str] | None = None) -> list[Path]:
     """Export every study of every experiment under ``runs_dir`` (or of the named ones)."""
     runs_dir = Path(runs_dir)
-    names = list(experiments) if experiments is not None else sorted(
+    names = list(dict.fromkeys(experiments)) if experiments is not None else sorted(
         p.parent.name for p in runs_dir.glob("*/optuna.db"))
     written = []
     for name in names:
@@ -346,6 +353,28 @@ def export_all(runs_dir: str | Path, out_dir: str | Path,
         if db.is_file():
             written += export(f"sqlite:///{db.resolve()}", out_dir)
     return written
+
+
+def recorded(config_path: str | Path) -> tuple[bool, str]:
+    """Whether an experiment's sweep is already recorded completely in its runs dir:
+    every (shape, dtype) has a study there and every study holds the whole grid."""
+    import optuna
+
+    from harness import experiment
+
+    exp = experiment.load(config_path)
+    db = Path(exp.output.runs_dir) / exp.name / "optuna.db"
+    if not db.is_file():
+        return False, f"no {db}"
+    storage = _storage(f"sqlite:///{db.resolve()}")
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if len(names) < len(exp.shapes) * len(exp.dtypes):
+        return False, f"{len(names)} of {len(exp.shapes) * len(exp.dtypes)} studies in {db}"
+    for name in names:
+        table = export_study(storage, name)
+        if not table["complete"]:
+            return False, f"{name}: {len(table['trials'])} of {table['grid_size']} configs"
+    return True, f"{len(names)} complete studies in {db}"
 
 
 # -- replay -----------------------------------------------------------------------------
@@ -392,7 +421,8 @@ def _settings(name: str, trials: int, warm_start: bool) -> Any:
 def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
            budget_trials: int | None = None, prune: bool = True, warm_start: bool = True,
            in_flight: int = 1, stop_at_target: bool = True, tol: float = DEFAULT_TOL,
-           enqueue: Sequence[Mapping[str, Any]] = (), max_asks: int | None = None) -> Trace:
+           enqueue: Sequence[Mapping[str, Any]] = (), max_asks: int | None = None,
+           max_stall: int | None = 200) -> Trace:
     """Tune ``table``'s case with ``sampler`` (a name for ``harness.search.make_sampler``
     or an Optuna sampler), answering every config from the record.
 
@@ -403,6 +433,10 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
     ``queue_depth`` per GPU in flight; TPE then runs with a constant liar).
     ``stop_at_target``: stop once the best is within ``tol`` of the grid optimum.
     ``enqueue``: configs to try first, in order (after the default config).
+    ``max_asks``: the harness's own limit (20 asks per budgeted trial plus the grid).
+    ``max_stall``: stop after this many asks in a row that brought no new config (a
+    sampler that keeps proposing pruned, failed or measured configs; the harness would go
+    on until ``max_asks`` without measuring anything more). None: no such stop.
     """
     import optuna
     from optuna.trial import TrialState
@@ -433,12 +467,18 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
     seen: dict[str, float | None] = {}  # config -> latency; None failed; NaN in flight
     pending: deque[tuple[Any, dict[str, Any], dict[str, Any], str]] = deque()
     total, best = 0.0, math.inf
+    stall = 0
     while True:
         if stop_at_target and best <= target:
             trace.stopped = "target"
             break
-        if len(pending) < in_flight and len(seen) < limit and trace.asks < max_asks:
+        stalled = max_stall is not None and stall >= max_stall
+        if stalled:
+            trace.stopped = "stalled"
+        if (len(pending) < in_flight and len(seen) < limit and trace.asks < max_asks
+                and not stalled):
             trace.asks += 1
+            stall += 1
             trial = study.ask()
             config = {k: trial.suggest_categorical(k, choices) for k, choices in space.items()}
             key = config_key(config)
@@ -459,6 +499,7 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
                     study.tell(trial, value)
                 continue
             seen[key] = math.nan
+            stall = 0
             pending.append((trial, config, rec, key))
             continue
         if not pending:
@@ -558,6 +599,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--no-prune", action="store_true")
     r.add_argument("--in-flight", type=int, default=1)
     r.add_argument("--tol", type=float, default=DEFAULT_TOL)
+    c = sub.add_parser("check", help="exit 0 if an experiment's sweep is recorded completely")
+    c.add_argument("config")
     s = sub.add_parser("summary", help="describe the tables under a directory")
     s.add_argument("root")
     s.add_argument("--tol", type=float, default=DEFAULT_TOL)
@@ -572,6 +615,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{path}: {c['ok']} ok / {c['failed']} failed / {c['pruned']} pruned of "
                   f"{t.grid_size}{'' if t.complete else ' (INCOMPLETE)'}")
         return 0 if paths else 1
+    if args.cmd == "check":
+        done, why = recorded(args.config)
+        print(why)
+        return 0 if done else 1
     if args.cmd == "run":
         table = Table.load(args.table)
         trace = replay(table, args.sampler, args.seed, budget_trials=args.budget,

@@ -1,0 +1,309 @@
+"""harness.replay: recorded sweeps, export from Optuna, sampler replay, the bench (no GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import random
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from harness import experiment, kernel_api, spaces
+from harness import replay as rp
+from harness.measure import TrialResult
+from harness.search import ATTR_REASON, ATTR_RESULT, ATTR_STATUS
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "replay"
+
+
+def synthetic(seed: int = 0) -> rp.Table:
+    """A 48-config GEMM-like landscape: smooth in the tile sizes (best at 64 x 64, 4
+    warps), 1 % noise, big tiles on few warps pruned, a few configs failed."""
+    rng = random.Random(seed)
+    space = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [2, 4, 8]}
+    trials = []
+    for bm, bn, w in itertools.product(*space.values()):
+        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w}
+        if bm * bn // (32 * w) > 128:
+            trials.append({"config": cfg, "status": "pruned", "cost_s": 0.0})
+        elif rng.random() < 0.08:
+            trials.append({"config": cfg, "status": "failed", "cost_s": 0.5, "reason": "boom"})
+        else:
+            ms = (1 + 0.4 * abs(math.log2(bm / 64)) + 0.3 * abs(math.log2(bn / 64))
+                  + 0.1 * abs(math.log2(w / 4))) * (1 + rng.gauss(0, 0.01))
+            trials.append({"config": cfg, "status": "ok", "median_ms": ms, "p20_ms": ms * 0.99,
+                           "p80_ms": ms * 1.02, "cost_s": 0.1 + 0.05 * rng.random()})
+    return rp.Table({"format": rp.FORMAT, "kernel": "synthetic", "shape": {"M": 64, "N": 64},
+                     "dtype": "fp16", "hardware": "H200", "space": space, "trials": trials,
+                     "default_config": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4}})
+
+
+def line_table() -> rp.Table:
+    """One tunable, five choices; hand-checkable: X=3 is the optimum, X=4 within 2 %."""
+    trials = [
+        {"config": {"X": 0}, "status": "ok", "median_ms": 5.0, "cost_s": 1.0},
+        {"config": {"X": 1}, "status": "failed", "cost_s": 2.0, "reason": "compile error"},
+        {"config": {"X": 2}, "status": "ok", "median_ms": 3.0, "cost_s": 3.0},
+        {"config": {"X": 3}, "status": "ok", "median_ms": 1.0, "cost_s": 4.0},
+        {"config": {"X": 4}, "status": "ok", "median_ms": 1.01, "cost_s": 5.0},
+        {"config": {"X": 5}, "status": "pruned", "cost_s": 0.0, "reason": "smem"},
+    ]
+    return rp.Table({"format": rp.FORMAT, "kernel": "line", "shape": {"n": 1}, "dtype": "fp32",
+                     "hardware": "H100", "space": {"X": [0, 1, 2, 3, 4, 5]}, "trials": trials})
+
+
+# -- tables and metrics ------------------------------------------------------------------
+
+
+def test_table_properties() -> None:
+    t = line_table()
+    assert t.complete and t.grid_size == 6
+    assert t.optimum_ms == 1.0 and t.optimum == {"X": 3}
+    assert t.grid_cost_s == 15.0  # pruned configs cost nothing
+    assert t.pruned_cost_s == 3.5  # what the median measured config cost (1, 3, 4, 5)
+    assert t.unpruned_grid_cost_s == 18.5
+    assert t.within(0.02) == 2
+    s = rp.summary(t)
+    assert s["random_expected_trials"] == pytest.approx((5 + 1) / (2 + 1))
+    assert s["pruning_saving"] == pytest.approx(1 - 15 / 18.5)
+
+
+def test_hand_computed_trials_and_gpu_time_to_target() -> None:
+    t = line_table()
+    # X=0, X=1 (fails), X=5 (pruned: free), X=0 again (answered: free), X=2, then X=3.
+    order = [{"X": x} for x in (0, 1, 5, 0, 2, 3, 4)]
+    trace = rp.replay(t, "random", 0, warm_start=False, enqueue=order)
+    m = rp.metrics(trace, t)
+    assert [s.config["X"] for s in trace.steps] == [0, 1, 2, 3]
+    assert m["reached"] and m["trials_to_target"] == 4
+    assert m["cost_to_target_s"] == 1 + 2 + 3 + 4
+    assert m["cost_fraction"] == pytest.approx(10 / 15)
+    assert trace.duplicates == 1 and trace.pruned_asks == 1 and m["stopped"] == "target"
+    assert [s.best_ms for s in trace.steps] == [5.0, 5.0, 3.0, 1.0]
+
+    # Without static pruning X=5 is launched, fails, and costs a typical config (3.5 s).
+    trace = rp.replay(t, "random", 0, warm_start=False, enqueue=order, prune=False)
+    m = rp.metrics(trace, t)
+    assert [s.config["X"] for s in trace.steps] == [0, 1, 5, 2, 3]
+    assert m["trials_to_target"] == 5 and m["cost_to_target_s"] == 1 + 2 + 3.5 + 3 + 4
+    assert m["cost_fraction"] == pytest.approx(13.5 / 18.5)
+
+    # Two configs in flight: results are told in order, so the numbers stay the same.
+    trace = rp.replay(t, "random", 0, warm_start=False, enqueue=order, in_flight=2)
+    assert rp.metrics(trace, t)["trials_to_target"] == 4
+
+    # The 1.01 ms config is within 2 % too: it alone is enough.
+    trace = rp.replay(t, "random", 0, warm_start=False, enqueue=[{"X": 4}])
+    assert rp.metrics(trace, t)["trials_to_target"] == 1
+
+
+def test_unreached_within_budget() -> None:
+    t = line_table()
+    trace = rp.replay(t, "random", 0, warm_start=False, enqueue=[{"X": 0}, {"X": 2}],
+                      budget_trials=2)
+    m = rp.metrics(trace, t)
+    assert not m["reached"] and m["trials_to_target"] is None and m["cost_fraction"] is None
+    assert m["trials"] == 2 and m["stopped"] == "budget" and m["best_ms"] == 3.0
+
+
+def test_grid_replay_measures_every_runnable_config_once() -> None:
+    t = synthetic()
+    trace = rp.replay(t, "grid", 3, stop_at_target=False, warm_start=True)
+    runnable = len(t.of("ok")) + len(t.of("failed"))
+    assert len(trace.steps) == runnable
+    assert len({rp.config_key(s.config) for s in trace.steps}) == runnable
+    assert trace.steps[-1].total_cost_s == pytest.approx(t.grid_cost_s)
+    assert trace.steps[-1].best_ms == t.optimum_ms
+    assert trace.steps[0].config == {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4}  # warm start
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_samplers_reach_the_optimum(sampler: str) -> None:
+    t = synthetic()
+    for seed in range(2):
+        trace = rp.replay(t, sampler, seed, in_flight=2)
+        m = rp.metrics(trace, t)
+        assert m["reached"], m
+        assert m["best_ms"] <= t.optimum_ms * 1.02
+        costs = [s.total_cost_s for s in trace.steps]
+        bests = [s.best_ms for s in trace.steps]
+        assert costs == sorted(costs) and bests == sorted(bests, reverse=True)
+        assert 0 < m["cost_fraction"] <= 1
+        assert m["trials_to_target"] == len(trace.steps)
+
+
+def test_incomplete_table_is_refused() -> None:
+    t = synthetic()
+    data = dict(t.data, trials=t.trials[:-5])
+    part = rp.Table(data)
+    assert not part.complete
+    with pytest.raises(KeyError, match="incomplete"):
+        rp.replay(part, "grid", 0, stop_at_target=False)
+
+
+def test_dumps_is_json_with_one_trial_per_line() -> None:
+    t = synthetic()
+    text = rp.dumps(t.data)
+    assert json.loads(text) == json.loads(json.dumps(t.data))
+    assert len(text.splitlines()) == len(t.trials) + len(t.data) + 3
+
+
+# -- export from a study as the harness writes it -----------------------------------------
+
+
+def _jsonable(d: dict) -> dict:
+    """As the harness stores a result: NaN becomes None."""
+    return json.loads(json.dumps(d).replace("NaN", "null"))
+
+
+def _tell(study: optuna.Study, config: dict, status: str, result: TrialResult | None = None,
+          reason: str = "") -> None:
+    study.enqueue_trial(config)  # the harness's sampler chose it
+    trial = study.ask()
+    for k in config:
+        trial.suggest_categorical(k, SPACE[k])
+    if reason:
+        trial.set_user_attr(ATTR_REASON, reason)
+    trial.set_user_attr(ATTR_STATUS, status)
+    if result is not None:
+        trial.set_user_attr(ATTR_RESULT, _jsonable(result.to_dict()))
+    if status == "measured":
+        study.tell(trial, result.latency_ms)
+    elif status == "pruned":
+        study.tell(trial, state=TrialState.PRUNED)
+    elif status == "duplicate":
+        study.tell(trial, 9.0)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+SPACE = {"BLOCK_M": [32, 64], "BLOCK_N": [32, 64], "num_warps": [4]}
+STUDY = "sweep-test/matmul/M=64,N=64,K=64/bf16/H200"
+
+
+def _make_sweep_db(path: Path) -> str:
+    url = f"sqlite:///{path}"
+    study = optuna.create_study(study_name=STUDY, storage=url, direction="minimize")
+    ok = TrialResult(ok=True, latency_ms=1.5, p20_ms=1.4, p80_ms=1.7, compile_s=0.25,
+                     timing_s=0.1, extra={"device_name": "NVIDIA H200",
+                                          "precompile": {"ok": True, "compile_s": 2.0}})
+    best = TrialResult(ok=True, latency_ms=1.0, p20_ms=0.98, p80_ms=1.1, compile_s=0.05,
+                       timing_s=0.2)
+    broken = TrialResult(ok=False, reason="OutOfResources: shared memory",
+                         extra={"precompile": {"ok": False, "compile_s": 1.5}})
+    _tell(study, {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4}, "measured", ok)
+    _tell(study, {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4}, "duplicate")
+    _tell(study, {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}, "pruned", reason="smem")
+    _tell(study, {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4}, "failed", broken,
+          reason=broken.reason)
+    _tell(study, {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4}, "interrupted")
+    _tell(study, {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4}, "measured", best)
+    study.set_user_attr("eager", _jsonable(TrialResult(ok=True, latency_ms=2.0).to_dict()))
+    return url
+
+
+def test_export_round_trip(tmp_path: Path) -> None:
+    url = _make_sweep_db(tmp_path / "optuna.db")
+    out = tmp_path / "one.json"
+    assert rp.export(url, out) == [out]
+    t = rp.Table.load(out)
+    d = t.data
+    assert d["kernel"] == "matmul" and d["shape"] == {"M": 64, "N": 64, "K": 64}
+    assert d["dtype"] == "bf16" and d["hardware"] == "H200"
+    assert d["device_name"] == "NVIDIA H200" and d["date"]
+    assert d["space"] == SPACE and d["grid_size"] == 4 and d["complete"] and t.complete
+    assert d["counts"] == {"ok": 2, "failed": 1, "pruned": 1}
+    assert d["baselines_ms"]["eager"] == 2.0
+    assert d["default_config"] == kernel_api.get("matmul").default_config
+    by = {(c["config"]["BLOCK_M"], c["config"]["BLOCK_N"]): c for c in d["trials"]}
+    assert len(d["trials"]) == 4  # the duplicate and the interrupted trial are skipped
+    first = by[(32, 32)]
+    assert first["status"] == "ok" and first["median_ms"] == 1.5
+    assert first["p20_ms"] == 1.4 and first["p80_ms"] == 1.7
+    assert first["cost_s"] == pytest.approx(0.1 + 0.25)
+    assert by[(64, 32)]["cost_s"] == pytest.approx(0.2 + 0.05)
+    failed = by[(32, 64)]
+    assert failed["status"] == "failed" and "shared memory" in failed["reason"]
+    assert failed["cost_s"] == pytest.approx(1.5)  # no first launch: the child's compile
+    assert by[(64, 64)] == {"config": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
+                            "status": "pruned", "reason": "smem", "cost_s": 0.0}
+    assert t.optimum_ms == 1.0 and t.grid_cost_s == pytest.approx(0.35 + 0.25 + 1.5)
+
+    # A replay of the exported table runs (the default config is outside this space).
+    m = rp.metrics(rp.replay(t, "tpe", 0), t)
+    assert m["reached"]
+
+    # export-all: every study of every experiment under a runs directory.
+    runs = tmp_path / "runs"
+    (runs / "sweep-test").mkdir(parents=True)
+    (tmp_path / "optuna.db").rename(runs / "sweep-test" / "optuna.db")
+    assert rp.main(["export-all", "--runs", str(runs), "--out", str(tmp_path / "tables")]) == 0
+    files = list((tmp_path / "tables" / "H200").glob("*.json"))
+    assert [f.name for f in files] == ["matmul__M64_N64_K64__bf16.json"]
+    assert json.loads(files[0].read_text()) == d
+    assert [x.path for x in rp.load_tables(tmp_path / "tables")] == [str(files[0])]
+
+
+# -- the sweep experiments and the committed data ------------------------------------------
+
+
+SWEEPS = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_sweep_configs_measure_their_whole_grid(path: Path) -> None:
+    exp = experiment.load(path)
+    assert exp.search.sampler == "grid" and not exp.search.warm_start
+    kernel = kernel_api.get(exp.kernel)
+    space = spaces.resolve([spaces.for_kernel(kernel), exp.search_space], "nvidia", "H200")
+    assert exp.search.trials >= spaces.grid_size(space), "the budget must cover the grid"
+    assert exp.output.packs_dir != "packs", "sweeps must not overwrite the shipped packs"
+
+
+def test_record_script_runs_the_sweeps() -> None:
+    script = (ROOT / "benchmarks" / "device" / "record_sweeps.sh").read_text()
+    for p in SWEEPS:
+        assert f"configs/sweeps/{p.name}" in script
+    assert "configs/matmul_grid216.yaml" in script and "export-all" in script
+
+
+RECORDED = sorted(DATA.glob("*/*.json"))
+
+
+@pytest.mark.skipif(not RECORDED, reason="no recorded sweeps committed yet")
+@pytest.mark.parametrize("path", RECORDED, ids=[f"{p.parent.name}/{p.stem}" for p in RECORDED])
+def test_committed_tables_replay(path: Path) -> None:
+    t = rp.Table.load(path)
+    assert t.complete, f"{path}: the sweep was cut short"
+    assert t.of("ok") and all(r["cost_s"] >= 0 for r in t.trials)
+    for sampler in ("random", "tpe"):
+        m = rp.metrics(rp.replay(t, sampler, 0, in_flight=2), t)
+        assert m["best_ms"] >= t.optimum_ms
+        if m["reached"]:
+            assert 0 < m["cost_fraction"] <= 1
+
+
+def test_bench_smoke(tmp_path: Path) -> None:
+    """The benchmark end to end on two synthetic cases (what CI runs of it)."""
+    for i in range(2):
+        t = synthetic(seed=i)
+        d = dict(t.data, shape={"M": 64 * (i + 1), "N": 64})
+        (tmp_path / "H200").mkdir(exist_ok=True)
+        (tmp_path / "H200" / f"case{i}.json").write_text(rp.dumps(d))
+    spec = importlib.util.spec_from_file_location("replay_bench",
+                                                  ROOT / "benchmarks" / "replay_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--data", str(tmp_path), "--samplers", "tpe", "random", "grid",
+                       "--seeds", "2"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["best"]["sampler"] in ("tpe", "random", "grid")
+    assert set(report["results"]) == {"static-pruning", "no-pruning"}
+    assert len(report["cases"]) == 2
+    assert "Best (static-pruning)" in (tmp_path / "report.md").read_text()
