@@ -32,7 +32,11 @@ FAULTY = "tests.fault_kernels:Faulty"
 def local_ray(tmp_path_factory):
     cache = tmp_path_factory.mktemp("triton-cache")  # cold: compiles really happen
     ray.init(logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "TRITON_CACHE_DIR": str(cache)}})
+             runtime_env={"env_vars": {
+                 # Keep the caller's PYTHONPATH: on the device it carries ray/optuna/mlflow.
+                 "PYTHONPATH": os.pathsep.join(
+                     p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+                 "TRITON_CACHE_DIR": str(cache)}})
     try:
         yield
     finally:
