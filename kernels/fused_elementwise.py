@@ -26,21 +26,12 @@ import triton
 import triton.language as tl
 
 from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape
+from kernels._triton_common import softplus as _softplus
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _MAX_ELEMS_PER_THREAD = 64
 
 OP_SILU, OP_SILU_MUL, OP_SOFTPLUS_CLAMP = 0, 1, 2
-
-
-@triton.jit
-def _softplus(z):
-    # torch's softplus (threshold 20) with an accurate log1p (Goldberg's trick).
-    u = tl.exp(tl.minimum(z, 20.0))
-    w = 1.0 + u
-    den = tl.where(w == 1.0, 1.0, w - 1.0)
-    lp = tl.where(w == 1.0, u, tl.log(w) * (u / den))
-    return tl.where(z > 20.0, z, lp)
 
 
 @triton.jit

@@ -42,24 +42,13 @@ import triton
 import triton.language as tl
 
 from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from kernels._triton_common import softplus as _softplus
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # Per-thread register budget (fp32 elements of one [.., BLOCK_D, n] tile) above which a
 # config is pruned: several such tiles are live at once and spilling them is hopeless.
 _MAX_ELEMS_PER_THREAD = 64
-
-
-@triton.jit
-def _softplus(z):
-    # torch.nn.functional.softplus (beta=1, threshold=20). log1p is written out
-    # (Goldberg's trick) because log(1 + u) drops the digits of small u, and small u is
-    # the common case for dt (softplus(dt_bias) ~ 1e-3 .. 1e-1).
-    u = tl.exp(tl.minimum(z, 20.0))
-    w = 1.0 + u
-    den = tl.where(w == 1.0, 1.0, w - 1.0)
-    lp = tl.where(w == 1.0, u, tl.log(w) * (u / den))
-    return tl.where(z > 20.0, z, lp)
 
 
 @triton.jit
