@@ -31,7 +31,7 @@ def summary_table(rows: list[dict[str, Any]], interpreted: bool) -> Table:
                                 if interpreted else "")
     t = Table(title=title, show_lines=False)
     for col in ("hardware", "kernel", "shape", "dtype", "best config", "latency",
-                "vs eager", "vs default", "roofline", "trials ok/fail/pruned"):
+                "vs eager", "vs compile", "vs default", "roofline", "trials ok/fail/pruned"):
         t.add_column(col, overflow="fold")
     for r in rows:
         c = r.get("counts", {})
@@ -41,6 +41,7 @@ def summary_table(rows: list[dict[str, Any]], interpreted: bool) -> Table:
             " ".join(f"{k}={v}" for k, v in config.items()) if config else "[red]none[/]",
             _fmt(r.get("latency_ms"), ".4g", " ms"),
             _fmt(r.get("speedup_vs_eager"), ".2f", "×"),
+            _fmt(r.get("speedup_vs_compile"), ".2f", "×"),
             _fmt(r.get("speedup_vs_default"), ".2f", "×"),
             _fmt((r.get("roofline") or math.nan) * 100, ".0f", "%"),
             f"{c.get('measured', 0)}/{c.get('failed', 0)}/{c.get('pruned', 0)}",
@@ -63,8 +64,12 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         summary = run(args.experiment, resume=args.resume, console=console,
                       progress=not (args.quiet or args.json))
     except NoHardwareError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {_redact(str(exc))}", markup=True)
         return EXIT_NO_HARDWARE
+    from harness.redact import redact
+
+    summary.tracking_uri = redact(summary.tracking_uri)
+    summary.events = [redact(e) for e in summary.events]
     if args.json:
         print(json.dumps({
             "rows": summary.rows, "packs": summary.packs,
@@ -93,6 +98,25 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             out.print(f"fleet: {event}")
         out.print(f"MLflow: {summary.tracking_uri} (parent run {summary.parent_run_id}); "
                   f"see it with: mlflow ui --backend-store-uri {summary.tracking_uri}")
+    return 0
+
+
+def _redact(text: str) -> str:
+    from harness.redact import redact
+
+    return redact(text)
+
+
+def _cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from harness.report import ReportError, write_report
+
+    try:
+        out = write_report(args.source, args.out, runs_dir=args.runs_dir,
+                           tracking_uri=args.tracking_uri)
+    except ReportError as exc:
+        console.print(f"[bold red]error:[/] {_redact(str(exc))}")
+        return EXIT_BAD_INPUT
+    console.print(f"report: {out}", markup=False)
     return 0
 
 
@@ -127,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget-s", type=float, default=540.0,
                    help="stop starting new cases after this many seconds")
     b.set_defaults(func=_cmd_bench)
+    rp = sub.add_parser("report", help="a self-contained HTML report of an experiment")
+    rp.add_argument("source", help="experiment name, its runs directory (runs/<name>), its "
+                    "experiment YAML, or the MLflow parent run id")
+    rp.add_argument("--out", default="report.html", help="HTML file to write")
+    rp.add_argument("--runs-dir", default="runs", help="where experiments keep their state")
+    rp.add_argument("--tracking-uri", help="MLflow tracking URI (default: the experiment's)")
+    rp.set_defaults(func=_cmd_report)
     from harness.packs_cli import add_parser as add_packs_parser
     add_packs_parser(sub)
     return p
@@ -139,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on bad arguments already
         return int(exc.code or 0)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    from harness.redact import install
+
+    install()  # every log record, whoever emits it, has its secrets masked
     console = Console(stderr=True)
     if not console.is_terminal:
         console = Console(stderr=True, width=200)  # logs: keep lines whole

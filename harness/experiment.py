@@ -74,6 +74,12 @@ class FleetSettings(_Strict):
     start_timeout_s: float = Field(600.0, gt=0, description="how long a worker may take to start")
 
 
+class BaselineSettings(_Strict):
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="time the PyTorch eager code under torch.compile as a third "
+        "baseline (auto: on GPUs, not under the CPU interpreter, where it says nothing)")
+
+
 class Experiment(_Strict):
     name: str = Field(..., min_length=1)
     kernel: str = Field(..., min_length=1)
@@ -87,6 +93,7 @@ class Experiment(_Strict):
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     output: OutputSettings = Field(default_factory=OutputSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
+    baselines: BaselineSettings = Field(default_factory=BaselineSettings)
     seed: int = 0
 
     @field_validator("name")

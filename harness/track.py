@@ -10,9 +10,11 @@ Run layout (one scheme, so that the UI's comparison views line up):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ def tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
+@functools.lru_cache(maxsize=1)
 def git_sha() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -109,8 +112,51 @@ class Tracker:
                      step=number)
         return run_id
 
+    def log_study_plots(self, run_id: str, study: Any, title: str) -> list[str]:
+        """The study's optimisation history, parameter importances (where they can be
+        computed) and roofline plot, as PNG artifacts under ``plots/``."""
+        from harness.report import study_plots
+
+        names = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, png in study_plots(study, title).items():
+                path = Path(tmp) / f"{name}.png"
+                path.write_bytes(png)
+                self.client.log_artifact(run_id, str(path), "plots")
+                names.append(f"plots/{name}.png")
+        return names
+
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
 
     def finish(self, run_id: str, ok: bool = True) -> None:
         self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+
+
+def read_runs(uri: str, parent_run_id: str) -> dict[str, Any]:
+    """What the report shows from MLflow: the parent run and its study runs (metrics,
+    tags, artifact paths). Raises MlflowException (or OSError) where it cannot be read."""
+    client = MlflowClient(uri)
+    parent = client.get_run(parent_run_id)
+    studies = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=1000)
+    out: dict[str, Any] = {"parent": {"run_id": parent_run_id, "name": parent.info.run_name,
+                                      "status": parent.info.status,
+                                      "experiment_id": parent.info.experiment_id,
+                                      "tags": dict(parent.data.tags)}, "studies": []}
+    for r in studies:
+        try:
+            plots = [a.path for a in client.list_artifacts(r.info.run_id, "plots")]
+        except Exception:  # an unreachable artifact store: the run data still shows
+            plots = []
+        out["studies"].append({"run_id": r.info.run_id, "name": r.info.run_name,
+                               "tags": dict(r.data.tags), "metrics": dict(r.data.metrics),
+                               "plots": plots})
+    return out
+
+
+def find_parent(uri: str, run_id: str) -> dict[str, str]:
+    """The run's name and tags (to find the experiment of a parent run id)."""
+    run = MlflowClient(uri).get_run(run_id)
+    return {"name": run.info.run_name or "", **dict(run.data.tags)}
