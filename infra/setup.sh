@@ -17,4 +17,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 .venv/bin/python -m pip install -q -e ".[dev]"
+# Headless Chromium for the report test (it skips with a reason where this cannot run).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; } >/dev/null 2>&1 \
+    || echo "setup: chromium not installed; the report screenshot test will skip" >&2
+fi
 echo "setup: ready (.venv/bin/kharness)" >&2

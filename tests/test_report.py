@@ -1,0 +1,136 @@
+"""``kharness run --quiet`` then ``kharness report``: the HTML report of a real run
+(CPU interpreter), rendered in headless Chromium, and the pack diff against the pack
+the run replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.packs import format as packfmt
+
+pytestmark = pytest.mark.slow
+
+SHAPE = {"M": 200, "N": 64, "K": 64, "E": 3}
+SKEY = "M=200,N=64,K=64,E=3"
+SECRET = "s3cr3t-value-never-printed"
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "AWS_SECRET_ACCESS_KEY": SECRET}
+    env.pop("TRITON_INTERPRET", None)
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("report")
+    exp = {
+        "name": "rep", "kernel": "grouped_gemm", "shapes": [SHAPE], "dtypes": ["fp16"],
+        "search": {"sampler": "tpe", "trials": 4},
+        "search_space": {"hardware": {"cpu": {"params": {
+            "BLOCK_N": [64], "BLOCK_K": [64], "GROUP_M": [1, 4], "PERSISTENT": [0, 1],
+            "num_stages": [2, 3]}}}},
+        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp / "packs"), "runs_dir": str(tmp / "runs")},
+    }
+    (tmp / "exp.yaml").write_text(yaml.safe_dump(exp))
+    # A pack from an earlier run, with a config the search space cannot produce: the
+    # report must show it replaced.
+    old = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 2,
+           "num_stages": 1, "PERSISTENT": 0}
+    packfmt.freeze(tmp / "packs", "cpu", "grouped_gemm", "fp16",
+                   {SKEY: {"config": old, "metrics": {"latency_ms": 999.0}, "provenance": {}},
+                    "M=1,N=64,K=64,E=1": {"config": old, "metrics": {"latency_ms": 1.0},
+                                          "provenance": {}}})
+    proc = _cli("--log-level", "INFO", "run", "exp.yaml", "--quiet", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # --quiet: stdout holds the pack paths only; no secret anywhere, even at INFO.
+    pack = tmp / "packs" / "cpu" / "grouped_gemm.json"
+    assert proc.stdout.strip().splitlines() == [f"pack: {pack}"]
+    assert SECRET not in proc.stdout + proc.stderr
+    return tmp
+
+
+def test_report_html(finished):
+    tmp = finished
+    out = tmp / "report.html"
+    proc = _cli("report", "rep", "--out", str(out), cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    # Self-contained: inline CSS, plots as data URIs, nothing fetched.
+    assert "<style>" in text and "data:image/png;base64," in text
+    assert "src='http" not in text and "<link" not in text and "<script" not in text
+    # The summary table: the best config and its latency, from the frozen pack.
+    pack = packfmt.read(tmp / "packs" / "cpu" / "grouped_gemm.json")
+    entry = pack["kernels"]["grouped_gemm"]["fp16"][SKEY]
+    summary = text.split("<h2>Summary</h2>", 1)[1].split("<h2>", 1)[0]
+    assert f"{entry['metrics']['latency_ms']:.4g} ms" in summary
+    assert f"GROUP_M={entry['config']['GROUP_M']}" in summary and SKEY in summary
+    # Pack diff: the shape this run tuned changed; the other entry is kept as it was.
+    packs = text.split("<h2>Pack changes</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "config changed" in packs and "999" in packs and "same config" in packs
+    # Plots: history, importance and roofline for the study; MLflow read back.
+    assert text.count("data:image/png;base64,") == 3
+    assert "plots/roofline.png" in text and "FINISHED" in text
+    # The same report from the runs directory and from the MLflow parent run id.
+    parent = json.loads((tmp / "runs" / "rep" / "state.json").read_text())["parent_run_id"]
+    for source in (str(tmp / "runs" / "rep"), parent):
+        out2 = tmp / "r2.html"
+        proc = _cli("report", source, "--out", str(out2), "--tracking-uri",
+                    f"sqlite:///{tmp / 'mlflow.db'}", cwd=tmp)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "config changed" in out2.read_text()
+    proc = _cli("report", "no-such-experiment", cwd=tmp)
+    assert proc.returncode == 2 and "no-such-experiment" in proc.stderr
+
+
+def test_report_offline(finished, tmp_path):
+    """An unreachable tracking server: the report is written from the Optuna storage."""
+    from harness.report import collect, render
+
+    data = collect(finished / "runs" / "rep", tracking_uri="http://127.0.0.1:9",
+                   with_plots=False)
+    assert data["mlflow"] is None and data["mlflow_error"]
+    html = render(data)
+    assert "MLflow not read" in html and SKEY in html
+
+
+def test_report_renders_in_chromium(finished, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    out = finished / "report.html"
+    if not out.is_file():
+        from harness.report import write_report
+
+        write_report(str(finished / "runs" / "rep"), out)
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--screenshot={shot}", "--window-size=1400,2000", out.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.is_file(), proc.stderr[-2000:]
+    assert shot.stat().st_size > 20_000
+    from PIL import Image
+
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1400, 2000)
+    colours = img.getcolors(maxcolors=1 << 20)
+    # A page with tables and plots: many colours, and not a blank (white) page.
+    assert colours is None or len(colours) > 50
+    # The plots' blue bars are drawn somewhere on the page.
+    small = img.resize((140, 200))
+    px = small.load()
+    assert any(px[x, y][2] > 150 and px[x, y][0] < 120 for x in range(140) for y in range(200))
