@@ -167,6 +167,32 @@ class Kernel(ABC):
         return {d: int(shape[d]) for d in self.dims}
 
 
+class SingleLaunch:
+    """Mix-in for a family whose config is one Triton launch. The family defines
+    ``_launch(inputs, config) -> (jit_fn, grid, args, meta, out)`` once; the launcher and
+    ``compile_only`` (the fleet's compile-ahead hook) are both built from it, so the config
+    compiled ahead is exactly the one later launched."""
+
+    def _launch(self, inputs: Inputs, config: Config) -> tuple[Any, tuple, tuple, dict, Any]:
+        raise NotImplementedError
+
+    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+        jit_fn, grid, args, meta, out = self._launch(inputs, config)
+        kernel = jit_fn[grid]
+
+        def run() -> Any:
+            kernel(*args, **meta)
+            return out
+
+        return run
+
+    def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
+        """Compile ``config`` as the launcher would launch it, without running it. The
+        inputs may be meta tensors: nothing is allocated or launched."""
+        jit_fn, grid, args, meta, _ = self._launch(inputs, config)
+        jit_fn.warmup(*args, grid=grid, **meta)
+
+
 def resolve(name_or_path: str) -> type[Kernel]:
     """Find a kernel family class by registered name or ``package.module:Class``."""
     path = BUILTIN.get(name_or_path, name_or_path)

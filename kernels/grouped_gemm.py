@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, SingleLaunch, Tolerance
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -379,7 +379,7 @@ def _dense_baseline(inputs: Inputs, shape: Shape) -> Callable[[], torch.Tensor]:
     return lambda: torch.mm(a, b, out=out)
 
 
-class GroupedGemm(Kernel):
+class GroupedGemm(SingleLaunch, Kernel):
     """Contiguous grouped GEMM: ``out[M, N] = A[rows of e] @ W[e]^T`` for each expert e."""
 
     name: ClassVar[str] = "grouped_gemm"
@@ -523,23 +523,6 @@ class GroupedGemm(Kernel):
                 raise ValueError(f"grouped_gemm USE_TMA: {name} is not 16-byte aligned")
         if w.stride(0) != w.shape[1] * w.stride(1):
             raise ValueError("grouped_gemm USE_TMA: W's experts are not contiguous")
-
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
-        jit_fn, grid, args, meta, out = self._launch(inputs, config)
-        kernel = jit_fn[grid]
-
-        def run() -> torch.Tensor:
-            kernel(*args, **meta)
-            return out
-
-        return run
-
-    def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
-        """Compile ``config`` exactly as the launcher would launch it, without running it
-        (the harness's workers compile queued configs ahead in child processes). The
-        inputs may be meta tensors: nothing is allocated or launched."""
-        jit_fn, grid, args, meta, _ = self._launch(inputs, config)
-        jit_fn.warmup(*args, grid=grid, **meta)
 
     # -- baselines --------------------------------------------------------------------
     def baselines(self) -> dict[str, Callable[[Inputs, Shape], Callable[[], Any]]]:

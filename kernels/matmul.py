@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, SingleLaunch, Tolerance
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -100,7 +99,7 @@ def _next_pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 
 
-class Matmul(Kernel):
+class Matmul(SingleLaunch, Kernel):
     """``C = A @ B`` for row-major A [M, K] and B [K, N]."""
 
     name: ClassVar[str] = "matmul"
@@ -142,8 +141,9 @@ class Matmul(Kernel):
     def eager(self, inputs: Inputs, shape: Shape) -> torch.Tensor:
         return inputs["a"] @ inputs["b"]
 
-    def _launch(self, inputs: Inputs, config: Config) -> tuple[tuple, tuple, dict, torch.Tensor]:
-        """(grid, args, meta, out): what both the launcher and compile_only hand Triton."""
+    def _launch(self, inputs: Inputs, config: Config
+                ) -> tuple[Any, tuple, tuple, dict, torch.Tensor]:
+        """(kernel, grid, args, meta, out): what the launcher and compile_only hand Triton."""
         cfg = {**self.default_config, **config}
         a, b = inputs["a"], inputs["b"]
         M, K = a.shape
@@ -168,24 +168,7 @@ class Matmul(Kernel):
         # Not on the CPU; "meta" inputs are compile_only's stand-ins for GPU ones.
         if a.device.type != "cpu" and torch.version.hip is not None:
             meta.update({k: cfg[k] for k in _AMD_KWARGS if k in cfg})
-        return grid, args, meta, out
-
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
-        grid, args, meta, out = self._launch(inputs, config)
-        kernel = _matmul_kernel[grid]
-
-        def run() -> torch.Tensor:
-            kernel(*args, **meta)
-            return out
-
-        return run
-
-    def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
-        """Compile ``config`` exactly as the launcher would launch it, without running it
-        (the harness's workers compile queued configs ahead in child processes). The
-        inputs may be meta tensors: nothing is allocated or launched."""
-        grid, args, meta, _ = self._launch(inputs, config)
-        _matmul_kernel.warmup(*args, grid=grid, **meta)
+        return _matmul_kernel, grid, args, meta, out
 
     # -- cost model -------------------------------------------------------------------
     def flops(self, shape: Shape) -> float:
