@@ -10,7 +10,9 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -53,16 +55,17 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from harness.experiment import ExperimentError, load
 
     try:
-        load(args.experiment)  # validate before importing Ray and friends
+        load(args.experiment, args.set or ())  # validate before importing Ray and friends
     except ExperimentError as exc:
         console.print(f"[bold red]error:[/] {exc}")
         return EXIT_BAD_INPUT
+    _ray_auth_mode()
     from harness.fleet import NoHardwareError
     from harness.run import run
 
     try:
         summary = run(args.experiment, resume=args.resume, console=console,
-                      progress=not (args.quiet or args.json))
+                      progress=not (args.quiet or args.json), overrides=args.set or ())
     except NoHardwareError as exc:
         console.print(f"[bold red]error:[/] {_redact(str(exc))}", markup=True)
         return EXIT_NO_HARDWARE
@@ -77,8 +80,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "interpreted": summary.interpreted, "mlflow_parent_run_id": summary.parent_run_id,
             "tracking_uri": summary.tracking_uri, "wall_s": summary.wall_s,
             "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
-            "timing_fraction": summary.timing_fraction, "workers_replaced": summary.replaced,
-            "trials_retried": summary.retried, "events": summary.events,
+            "timing_fraction": summary.timing_fraction, "overhead_s": summary.overhead,
+            "workers_replaced": summary.replaced, "trials_retried": summary.retried,
+            "events": summary.events,
             "resumed": summary.resumed,
         }, default=str, indent=1))
         return 0
@@ -94,11 +98,26 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                   f"{summary.timing_s:.1f} s timing kernels "
                   f"({_fmt(summary.timing_fraction * 100, '.0f', '%')}); "
                   f"{summary.replaced} workers replaced, {summary.retried} trials retried")
+        if summary.overhead:
+            parts = ", ".join(f"{k} {v:.1f} s" for k, v in summary.overhead.items() if v >= 0.05)
+            out.print(f"GPU-held time by phase: {parts}")
         for event in summary.events:
             out.print(f"fleet: {event}")
         out.print(f"MLflow: {summary.tracking_uri} (parent run {summary.parent_run_id}); "
                   f"see it with: mlflow ui --backend-store-uri {summary.tracking_uri}")
     return 0
+
+
+def _ray_auth_mode() -> None:
+    """A `ray start --head` turns token authentication on by itself, but a driver joining
+    it through RAY_ADDRESS sends the token only with RAY_AUTH_MODE=token, read when Ray is
+    imported; without it the join fails with "InvalidAuthToken". Sending a token is
+    harmless: a cluster without authentication accepts the driver either way."""
+    if not os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_AUTH_MODE"):
+        return
+    if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            or (Path.home() / ".ray" / "auth_token").is_file()):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _redact(text: str) -> str:
@@ -143,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the experiment's studies and MLflow runs where they stopped")
     r.add_argument("--quiet", action="store_true", help="no progress or table; pack paths only")
     r.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field of the file, e.g. --set search.trials=50 "
+                        "(repeatable; values are YAML)")
     r.set_defaults(func=_cmd_run)
     b = sub.add_parser("bench", help="every zoo kernel vs its baselines on this GPU")
     b.add_argument("--out", default="benchmarks/results", help="results root")

@@ -7,6 +7,7 @@ Nothing else in the harness reads experiment YAML. A bad file raises
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -140,8 +141,12 @@ def _loc(loc: tuple) -> str:
     return out
 
 
-def load(path: str | Path) -> Experiment:
-    """Read and validate an experiment file; raise ExperimentError on any problem."""
+def load(path: str | Path, overrides: Sequence[str] = ()) -> Experiment:
+    """Read and validate an experiment file; raise ExperimentError on any problem.
+
+    ``overrides`` are ``dotted.key=value`` strings (the CLI's ``--set``) applied over the
+    file before validation; values are YAML (``--set search.trials=50``,
+    ``--set "hardware=[H100]"``)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -156,6 +161,8 @@ def load(path: str | Path) -> Experiment:
         raise ExperimentError(path, where, f"not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ExperimentError(path, "", "must be a mapping of fields")
+    for item in overrides:
+        _override(path, data, item)
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as exc:
@@ -163,6 +170,25 @@ def load(path: str | Path) -> Experiment:
         raise ExperimentError(path, _loc(tuple(err["loc"])), err["msg"]) from None
     _check_semantics(path, exp)
     return exp
+
+
+def _override(path: Path, data: dict[str, Any], item: str) -> None:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ExperimentError(path, f"--set {item}", "expected KEY=VALUE, e.g. search.trials=50")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ExperimentError(path, key, f"--set value {raw!r} is not valid YAML") from None
+    node = data
+    *parents, leaf = key.strip().split(".")
+    for i, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ExperimentError(path, ".".join(parents[:i + 1]),
+                                  f"--set {key}: this field is not a section")
+        node = child
+    node[leaf] = value
 
 
 def _check_semantics(path: Path, exp: Experiment) -> None:

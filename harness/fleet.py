@@ -224,6 +224,10 @@ def precompile_enabled() -> bool:
     return mode == "force" or not hardware.interpreted()
 
 
+def _finite(x: float | None) -> float:
+    return x if isinstance(x, (int, float)) and x == x and abs(x) != float("inf") else 0.0
+
+
 def _problem_key(kernel: str, shape: Mapping[str, int], dtype: str, seed: int) -> str:
     return json.dumps([kernel, dict(sorted(shape.items())), dtype, seed])
 
@@ -311,11 +315,14 @@ class Worker:
     # -- the one thread that touches the device ------------------------------------------
     def _loop(self) -> None:
         while True:
+            t_idle = time.perf_counter()
             with self._cv:
                 self._cv.wait_for(lambda: self._next in self._tasks)
+                idle_s = time.perf_counter() - t_idle  # the driver had nothing queued
                 seq = self._next
                 method, args = self._tasks.pop(seq)
                 self._next += 1
+            t_task = time.perf_counter()
             try:
                 if self.poisoned:
                     out = TrialResult(ok=False, reason=f"not run: {self.poisoned}",
@@ -325,6 +332,8 @@ class Worker:
             except BaseException as exc:  # a harness bug must not kill the loop
                 out = TrialResult(ok=False, reason=f"harness error: {type(exc).__name__}: "
                                   f"{exc}"[:400]).to_dict()
+            out.setdefault("extra", {}).update(idle_s=idle_s,
+                                               task_s=time.perf_counter() - t_task)
             with self._cv:
                 self._results[seq] = out
                 self._cv.notify_all()
@@ -340,8 +349,11 @@ class Worker:
         from harness import kernel_api
 
         fam = kernel_api.get(kernel)
+        t_wait = time.perf_counter()
         pre = self._problem_loaded(kernel, fam, shape, dtype, seed, config)
+        wait_s = time.perf_counter() - t_wait
         res = self.measurer.measure(fam, shape, dtype, config, seed, peaks=self.peaks())
+        res.extra["setup_s"] = wait_s  # inputs built, waited on the ahead-of-time compile
         if res.fatal:
             self.poisoned = f"the device context was poisoned by an earlier trial ({res.reason})"
         res.extra.update(self.where)
@@ -471,6 +483,7 @@ class Fleet:
         self.events: list[str] = []  # what happened to workers, for the summary
         self.busy_s: dict[str, float] = {}  # worker-seconds spent on tasks, per hardware
         self.timing_s: dict[str, float] = {}  # seconds inside the kernel timer, per hardware
+        self.phases: dict[str, float] = {}  # worker seconds by what they went to (overhead)
         self._held_closed = 0.0  # GPU-held seconds of workers already gone
         self._requeue: list[Task] = []  # tasks to send again (worker lost or replaced)
         self._requested = False  # an autoscaler request is outstanding
@@ -747,6 +760,7 @@ class Fleet:
             slot.head_started = now
         result = TrialResult(**raw)
         self.timing_s[hw] = self.timing_s.get(hw, 0.0) + (result.timing_s or 0.0)
+        self._book(task, result)
         if result.extra.get("requeue"):  # skipped by a poisoned worker: not its fault
             self._requeue.append(task)
             return
@@ -812,6 +826,23 @@ class Fleet:
         self._requeue = keep
 
     # -- accounting -------------------------------------------------------------------
+    def _book(self, task: Task, result: TrialResult) -> None:
+        """Add a result's worker time to ``phases``: where the GPU-held time went."""
+        extra = result.extra
+        baseline = task.method == "eager"
+        parts = {
+            "timing_s": result.timing_s or 0.0,
+            # Baselines (eager, torch.compile) build and check their own way: one bucket.
+            "baselines_other_s": (extra.get("task_s", 0.0) - (result.timing_s or 0.0)
+                                  if baseline else 0.0),
+            "idle_s": extra.get("idle_s", 0.0),
+            "setup_s": extra.get("setup_s", 0.0),
+            "first_call_s": 0.0 if baseline else _finite(result.compile_s),
+            "check_s": extra.get("check_s", 0.0),
+        }
+        for k, v in parts.items():
+            self.phases[k] = self.phases.get(k, 0.0) + max(0.0, float(v))
+
     def held_s(self) -> float:
         """GPU-held seconds: each worker from ready to gone, summed."""
         now = time.monotonic()

@@ -263,8 +263,10 @@ class Measurer:
         compile_s = time.perf_counter() - t0
         acc = compare(out, self._ref, kernel.tolerance(dtype, config))
         del out
+        check_s = time.perf_counter() - t0 - compile_s
         if not acc["ok"]:
-            res = TrialResult(ok=False, reason=acc["reason"], compile_s=compile_s)
+            res = TrialResult(ok=False, reason=acc["reason"], compile_s=compile_s,
+                              extra={"check_s": check_s})
             for k in ("max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2"):
                 setattr(res, k, acc.get(k, math.nan))
             return res
@@ -277,6 +279,7 @@ class Measurer:
             return res
         res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks)
         res.timing_s = time.perf_counter() - t_timing
+        res.extra["check_s"] = check_s
         return res
 
     def measure_eager(self, kernel: Kernel, shape: Shape, dtype: str, seed: int,

@@ -13,7 +13,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ class Summary:
     held_s: float = 0.0  # GPU-held seconds: every worker from ready to released, summed
     timing_s: float = 0.0  # of which inside the kernel timer (do_bench)
     timing_fraction: float = math.nan  # timing_s / held_s: 1 - the harness's overhead
+    overhead: dict[str, float] = field(default_factory=dict)  # held seconds by phase
     replaced: int = 0  # workers replaced (device fault, hang, lost)
     retried: int = 0  # trials sent again after their worker was lost
     events: list[str] = field(default_factory=list)
@@ -219,11 +220,11 @@ def _reconcile(st: StudyState, tracker: Tracker, trial_log: Path,
 
 
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
-        progress: bool = True) -> Summary:
+        progress: bool = True, overrides: Sequence[str] = ()) -> Summary:
     """Run an experiment file end to end. Raises ExperimentError for a bad file and
     NoHardwareError where none of its hardware is in the cluster."""
     console = console or Console(stderr=True)
-    exp = experiment.load(path)  # validates everything before anything is written
+    exp = experiment.load(path, overrides)  # validates all before anything is written
     t_start = time.monotonic()
     summary = Summary()
 
@@ -358,18 +359,21 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     try:
         _search_loop(exp, fleet, studies, tracker, bg, trial_log, console, progress)
     finally:
+        fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
         bg.flush()
         bg.close()
     summary.busy_s = dict(fleet.busy_s)
     summary.held_s = fleet.held_s()
     summary.timing_s = sum(fleet.timing_s.values())
     summary.timing_fraction = summary.timing_s / summary.held_s if summary.held_s else math.nan
+    summary.overhead = _overhead(fleet.phases, summary.held_s)
     summary.replaced, summary.retried = fleet.replaced, fleet.retried
     summary.events = list(fleet.events) + [f"MLflow: {e}" for e in bg.errors[:5]]
     tracker.log(summary.parent_run_id, metrics={
         "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
         "timing_fraction": summary.timing_fraction, "workers_replaced": fleet.replaced,
-        "trials_retried": fleet.retried})
+        "trials_retried": fleet.retried,
+        **{f"held_{k}_s": v for k, v in summary.overhead.items()}})
     _keep_previous_packs(exp, studies)
     summary.packs = _freeze(exp, studies, tracker, summary.parent_run_id)
     state_path.write_text(json.dumps({**run_state, "packs": summary.packs}))
@@ -384,6 +388,15 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     for p in summary.packs:
         tracker.log_artifact(summary.parent_run_id, p, "packs")
     tracker.finish(summary.parent_run_id)
+
+
+def _overhead(phases: dict[str, float], held_s: float) -> dict[str, float]:
+    """Where the GPU-held seconds went: timing, and each kind of overhead. ``other`` is
+    what no worker accounted for (starting, result transport, the tail after the last
+    task)."""
+    out = {k.removesuffix("_s"): round(v, 3) for k, v in phases.items()}
+    out["other"] = round(max(0.0, held_s - sum(phases.values())), 3)
+    return out
 
 
 def _want_compile(exp: experiment.Experiment, device: DeviceSpec) -> bool:

@@ -31,13 +31,14 @@ def fake_run(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     seen = {}
 
-    def run(path, resume=False, console=None, progress=True):
-        seen["progress"] = progress
+    def run(path, resume=False, console=None, progress=True, overrides=()):
+        seen["progress"], seen["overrides"] = progress, list(overrides)
         logging.getLogger("harness.run").warning("connecting with key %s to %s", secret, URI)
         return Summary(rows=[dict(ROW)], packs=["packs/cpu/grouped_gemm.json"],
                        interpreted=True, parent_run_id="p123", tracking_uri=URI,
                        events=[f"worker said {secret}"], wall_s=1.0, held_s=1.0,
-                       timing_s=0.5, timing_fraction=0.5)
+                       timing_s=0.5, timing_fraction=0.5,
+                       overhead={"timing": 0.5, "first_call": 0.3, "idle": 0.2})
 
     monkeypatch.setattr("harness.run.run", run)
     return exp, secret, seen
@@ -64,6 +65,7 @@ def test_default_output(fake_run, capsys):
     assert "Tuning summary" in out and "BLOCK_M=64 GROUP_M=4" in out and "1.234 ms" in out
     assert "2.50×" in out and "1.25×" in out and "42%" in out and "4/1/2" in out
     assert "pack: packs/cpu/grouped_gemm.json" in out
+    assert "GPU-held time by phase: timing 0.5 s, first_call 0.3 s, idle 0.2 s" in out
     assert "postgresql://mlflow:***@db.internal:5432/mlflow" in out
     for text in (out, err):
         assert secret not in text and "hunter2-pw" not in text
@@ -168,3 +170,16 @@ def test_compile_baseline_task_and_speedup(tmp_path):
     _, metrics = run._outcome(st)
     assert metrics["speedup_vs_compile"] == 2.0 and metrics["compile_latency_ms"] == 2.0
     assert metrics["speedup_vs_eager"] == 4.0
+
+
+def test_set_overrides_reach_the_run(fake_run, capsys):
+    exp, _, seen = fake_run
+    rc, _, _ = _main(capsys, "run", str(exp), "--quiet", "--set", "search.trials=7",
+                     "--set", "timing.rep_ms=20")
+    assert rc == 0 and seen["overrides"] == ["search.trials=7", "timing.rep_ms=20"]
+
+
+def test_a_bad_override_names_the_field_and_exits_2(fake_run, capsys):
+    exp, _, seen = fake_run
+    rc, out, err = _main(capsys, "run", str(exp), "--set", "search.trials=many")
+    assert rc == 2 and "search.trials" in err and "integer" in err and not seen

@@ -81,3 +81,20 @@ def test_cli_exit_code_2_and_nothing_written(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert str(path) in err.replace("\n", "") and "search.trials" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no runs/, packs/, mlflow.db
+
+
+def test_overrides_apply_over_the_file_before_validation(tmp_path) -> None:
+    from harness.experiment import ExperimentError, load
+
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: ov\nkernel: grouped_gemm\nshapes: [{M: 200, N: 64, K: 64, E: 3}]\n"
+                    "dtypes: [fp16]\nsearch: {trials: 5}\n")
+    exp = load(path, ["search.trials=9", "timing.rep_ms=12.5", "baselines.compile=false",
+                      "hardware=[H100, H200]"])
+    assert exp.search.trials == 9 and exp.timing.rep_ms == 12.5
+    assert exp.baselines.compile is False and exp.hardware == ["H100", "H200"]
+    for bad, field in (("search.trials=-1", "search.trials"), ("name.x=1", "name"),
+                       ("nokey", "--set nokey"), ("search.sampler=annealing", "search.sampler")):
+        with pytest.raises(ExperimentError) as err:
+            load(path, [bad])
+        assert str(path) in str(err.value) and field in str(err.value), (bad, err.value)
