@@ -81,6 +81,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "tracking_uri": summary.tracking_uri, "wall_s": summary.wall_s,
             "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
             "timing_fraction": summary.timing_fraction, "overhead_s": summary.overhead,
+            "timeline_s": summary.timeline,
             "workers_replaced": summary.replaced, "trials_retried": summary.retried,
             "events": summary.events,
             "resumed": summary.resumed,

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -65,12 +65,13 @@ class FleetSettings(_Strict):
     wait_for_nodes_s: float = Field(
         0.0, ge=0, description="how long to wait for an autoscaler to bring nodes of a listed "
         "hardware key the cluster lacks (0: report it and skip its studies at once)")
-    queue_depth: int = Field(
-        2, ge=1, le=64, description="tasks queued on each worker, so that it never waits on the "
-        "driver; the worker compiles the queued configs ahead while it times the current one")
-    compile_workers: int = Field(
-        2, ge=0, le=64, description="processes per worker that compile queued configs ahead "
-        "(0: compile on first launch)")
+    queue_depth: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        "auto", description="tasks queued on each worker, so that it never waits on the "
+        "driver; the worker compiles the queued configs ahead while it times the current one "
+        "(auto: its compile processes + 2)")
+    compile_workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        "auto", description="processes per worker that compile queued configs ahead "
+        "(0: compile on first launch; auto: the node's cores per GPU less one, at most 16)")
     max_retries: int = Field(2, ge=0, description="retries of a trial whose worker was lost")
     start_timeout_s: float = Field(600.0, gt=0, description="how long a worker may take to start")
 
@@ -134,9 +135,15 @@ class StudySpec:
         return f"{self.experiment}/{self.kernel}/{self.shape_key}/{self.dtype}/{self.hardware}"
 
 
+#: Pydantic's names for the members of a union (``int | "auto"``), not field names.
+_UNION_TAG = re.compile(r"^(constrained-\w+|literal\[.*\]|int|float|str|bool)$")
+
+
 def _loc(loc: tuple) -> str:
     out = ""
     for part in loc:
+        if isinstance(part, str) and _UNION_TAG.match(part):
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 

@@ -228,6 +228,14 @@ def _finite(x: float | None) -> float:
     return x if isinstance(x, (int, float)) and x == x and abs(x) != float("inf") else 0.0
 
 
+def _auto_compile_workers() -> int:
+    """This worker's share of its node's cores, less one for itself (at most 16)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    node = ray.get_runtime_context().get_node_id()
+    gpus = next((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["NodeID"] == node), 1)
+    return max(1, min(16, int((cores or 2) // max(1, gpus)) - 1))
+
+
 def _problem_key(kernel: str, shape: Mapping[str, int], dtype: str, seed: int) -> str:
     return json.dumps([kernel, dict(sorted(shape.items())), dtype, seed])
 
@@ -245,7 +253,8 @@ class Worker:
     kernel is timed. Queued configs are compiled ahead by a ``Precompiler``.
     """
 
-    def __init__(self, hardware_key: str, timing: dict[str, float], compile_workers: int = 0):
+    def __init__(self, hardware_key: str, timing: dict[str, float],
+                 compile_workers: int | str = 0):
         import torch
 
         if not torch.cuda.is_available():
@@ -256,8 +265,10 @@ class Worker:
         self.measurer = Measurer(Timing(**timing))
         self._peaks: dict[str, float] | None = None
         self.poisoned = ""  # why the device context cannot be trusted any more
-        self.pre = (Precompiler(compile_workers)
-                    if compile_workers > 0 and precompile_enabled() else None)
+        if compile_workers == "auto":
+            compile_workers = _auto_compile_workers()
+        self.pre = (Precompiler(int(compile_workers))
+                    if int(compile_workers) > 0 and precompile_enabled() else None)
         if self.pre is not None:
             self.pre.start()
         self._skeletons: dict[str, Any] = {}  # problem -> skeleton of its inputs
@@ -292,6 +303,7 @@ class Worker:
             "has_tma": self.spec.has_tma,
             "interpreted": self.spec.interpreted,
             "precompile": self.pre is not None,
+            "compile_workers": self.pre.processes if self.pre is not None else 0,
             "torch": torch.__version__,
             "triton": triton.__version__,
             "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
@@ -464,13 +476,14 @@ def check_placement(expected: str, ray_name: str | None, info: Mapping[str, Any]
 class Fleet:
     """Long-lived workers grouped by hardware key."""
 
-    def __init__(self, timing: Timing, trial_timeout_s: float, *, queue_depth: int = 2,
-                 compile_workers: int = 0, max_retries: int = MAX_RETRIES,
+    def __init__(self, timing: Timing, trial_timeout_s: float, *,
+                 queue_depth: int | str = 2, compile_workers: int | str = 0,
+                 max_retries: int = MAX_RETRIES,
                  start_timeout_s: float = 600.0):
         self.timing = {"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms,
                        "cpu_reps": timing.cpu_reps}
         self.trial_timeout_s = trial_timeout_s
-        self.queue_depth = max(1, queue_depth)
+        self.queue_depth = queue_depth  # "auto": the worker's compile processes + 2
         self.compile_workers = compile_workers
         self.max_retries = max_retries
         self.start_timeout_s = start_timeout_s
@@ -690,14 +703,23 @@ class Fleet:
 
     def capacity(self, key: str) -> int:
         """How many more tasks of ``key`` the fleet takes now."""
-        room = sum(self.queue_depth - len(s.queue) for s in self._ready(key))
+        room = sum(self._depth(s) - len(s.queue) for s in self._ready(key))
         return max(0, room - sum(1 for t in self._requeue if t.hardware == key))
+
+    def _depth(self, slot: _Slot) -> int:
+        if self.queue_depth == "auto":
+            return int(slot.info.get("compile_workers") or 0) + 2
+        return max(1, int(self.queue_depth))
+
+    def depth(self, key: str) -> int:
+        """Tasks the running workers of ``key`` hold at once (queued and running)."""
+        return sum(self._depth(s) for s in self._ready(key))
 
     def in_flight(self) -> int:
         return sum(len(s.queue) for s in self.slots) + len(self._requeue)
 
     def _pick(self, key: str) -> _Slot | None:
-        free = [s for s in self._ready(key) if len(s.queue) < self.queue_depth]
+        free = [s for s in self._ready(key) if len(s.queue) < self._depth(s)]
         return min(free, key=lambda s: len(s.queue)) if free else None
 
     def submit(self, task: Task) -> None:

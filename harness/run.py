@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,12 @@ class Summary:
     timing_s: float = 0.0  # of which inside the kernel timer (do_bench)
     timing_fraction: float = math.nan  # timing_s / held_s: 1 - the harness's overhead
     overhead: dict[str, float] = field(default_factory=dict)  # held seconds by phase
+    timeline: dict[str, float] = field(default_factory=dict)  # wall seconds at each step
+    t0: float = field(default_factory=time.monotonic, repr=False)
+
+    def mark(self, step: str) -> None:
+        """Note the wall time (seconds since the run started) at which ``step`` ended."""
+        self.timeline.setdefault(step, round(time.monotonic() - self.t0, 2))
     replaced: int = 0  # workers replaced (device fault, hang, lost)
     retried: int = 0  # trials sent again after their worker was lost
     events: list[str] = field(default_factory=list)
@@ -225,19 +232,25 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     NoHardwareError where none of its hardware is in the cluster."""
     console = console or Console(stderr=True)
     exp = experiment.load(path, overrides)  # validates all before anything is written
-    t_start = time.monotonic()
     summary = Summary()
+    t_start = summary.t0
+    # Importing MLflow and creating its tables takes seconds: done while Ray starts.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="harness-mlflow-init")
+    tracker_f = pool.submit(Tracker, exp.tracking.uri, exp.tracking.experiment or exp.name)
+    pool.shutdown(wait=False)
 
     Fleet.connect()
+    summary.mark("ray_connected")
     fs = exp.fleet
     fleet = Fleet(Timing(exp.timing.warmup_ms, exp.timing.rep_ms), exp.timing.trial_timeout_s,
                   queue_depth=fs.queue_depth, compile_workers=fs.compile_workers,
                   max_retries=fs.max_retries, start_timeout_s=fs.start_timeout_s)
     try:
-        _run(exp, path, resume, console, progress, fleet, summary)
+        _run(exp, path, resume, console, progress, fleet, summary, tracker_f)
     finally:
         fleet.shutdown()
     summary.wall_s = time.monotonic() - t_start
+    summary.mark("done")
     return summary
 
 
@@ -283,15 +296,17 @@ def _started(targets: list[str], fleet: Fleet, console: Console,
 
 
 def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Console,
-         progress: bool, fleet: Fleet, summary: Summary) -> None:
+         progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future) -> None:
     targets, available = _targets(exp, fleet, console, summary)
     fleet.launch({k: available[k] for k in targets})
     # MLflow and Optuna start up while the workers do (each takes seconds).
     url = storage_url(exp.output.runs_dir, exp.name)
     storage = make_storage(url)
-    tracker = Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
+    tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
+    summary.mark("tracking_ready")
     targets, infos = _started(targets, fleet, console, summary)
+    summary.mark("workers_ready")
     summary.interpreted = any(i["interpreted"] for group in infos.values() for i in group)
     if summary.interpreted:
         console.print("[bold yellow]No GPU: kernels run under Triton's interpreter on the CPU. "
@@ -328,7 +343,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         if not resume:
             _drop_study(url, spec.name)
         search = Search(spec, space, device, exp.search, storage, exp.seed,
-                        n_parallel=fleet.size(spec.hardware) * fleet.queue_depth)
+                        n_parallel=fleet.depth(spec.hardware))
         run_id = tracker.start_run(
             f"{spec.kernel} {spec.shape_key} {spec.dtype} {spec.hardware}",
             {"harness.level": "study", "hardware": spec.hardware, "kernel": spec.kernel,
@@ -356,12 +371,15 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
                               f"{relogged} trial runs logged to MLflow")
 
     bg = _Background()
+    summary.mark("search_started")
     try:
         _search_loop(exp, fleet, studies, tracker, bg, trial_log, console, progress)
     finally:
+        summary.mark("search_done")
         fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
         bg.flush()
         bg.close()
+        summary.mark("mlflow_caught_up")
     summary.busy_s = dict(fleet.busy_s)
     summary.held_s = fleet.held_s()
     summary.timing_s = sum(fleet.timing_s.values())
@@ -376,6 +394,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         **{f"held_{k}_s": v for k, v in summary.overhead.items()}})
     _keep_previous_packs(exp, studies)
     summary.packs = _freeze(exp, studies, tracker, summary.parent_run_id)
+    summary.mark("packs_frozen")
     state_path.write_text(json.dumps({**run_state, "packs": summary.packs}))
     for st in studies:
         summary.rows.append(_row(st))
@@ -385,6 +404,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         except Exception as exc:
             log.warning("plots for %s failed: %s", st.spec.name, exc)
         tracker.finish(st.run_id)
+    summary.mark("plots_logged")
     for p in summary.packs:
         tracker.log_artifact(summary.parent_run_id, p, "packs")
     tracker.finish(summary.parent_run_id)

@@ -332,14 +332,16 @@ def make_grouped_inputs(
     counts: list[int], N: int, K: int, dtype: str, seed: int, device: str
 ) -> Inputs:
     """Inputs for explicit per-expert row counts (tests use it to force empty experts)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    # Drawn on the device itself: a CPU generator takes seconds for the 0.3 G values of
+    # the MoE shape, and a GPU's stream is as seeded and repeatable.
+    g = torch.Generator(device=device).manual_seed(seed)
     E = len(counts)
     offs = counts_to_offsets(counts)
     M = offs[-1]
     tdt = _TORCH_DTYPES[dtype]
-    a = torch.randn(M, K, generator=g, dtype=torch.float32)
+    a = torch.randn(M, K, generator=g, dtype=torch.float32, device=device)
     # 1/sqrt(K) keeps every output element ~N(0, 1) whatever K is.
-    w = torch.randn(E, N, K, generator=g, dtype=torch.float32) / math.sqrt(K)
+    w = torch.randn(E, N, K, generator=g, dtype=torch.float32, device=device) / math.sqrt(K)
     return {
         "a": a.to(tdt).to(device),
         "w": w.to(tdt).to(device),

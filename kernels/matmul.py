@@ -124,11 +124,13 @@ class Matmul(SingleLaunch, Kernel):
     # -- inputs and semantics ---------------------------------------------------------
     def make_inputs(self, shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
         s = self.validate_shape(shape)
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        # Drawn on the device itself (seeded as well; a CPU generator takes seconds at 8192^2).
+        g = torch.Generator(device=device).manual_seed(seed)
         tdt = _TORCH_DTYPES[dtype]
-        a = torch.randn(s["M"], s["K"], generator=g, dtype=torch.float32)
+        a = torch.randn(s["M"], s["K"], generator=g, dtype=torch.float32, device=device)
         # 1/sqrt(K) keeps every output element ~N(0, 1) whatever K is.
-        b = torch.randn(s["K"], s["N"], generator=g, dtype=torch.float32) / math.sqrt(s["K"])
+        b = torch.randn(s["K"], s["N"], generator=g, dtype=torch.float32,
+                        device=device) / math.sqrt(s["K"])
         return {"a": a.to(tdt).to(device), "b": b.to(tdt).to(device)}
 
     def reference(self, inputs: Inputs, shape: Shape) -> torch.Tensor:

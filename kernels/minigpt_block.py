@@ -441,10 +441,14 @@ class MiniGPTBlock(Kernel):
                 smem = (bm * bd + max(2 * stages - 1, 2) * bn * bd) * 4
             if smem > device.smem_per_block:
                 return f"flash: shared memory ~{smem} B > {device.smem_per_block} B per block"
-            # The fp32 accumulator and score tile live in registers.
-            per_thread = (bm * bd + bm * bn) // (lanes * int(cfg["FLASH_WARPS"]))
+            # The fp32 accumulator and score tile live in registers; fp32 (FMA) dots hold
+            # the q tile there too. Past 256 per thread they spill: on an H100, 128 x 128
+            # fp32 tiles on 4 warps compiled for over 90 s, 128 x 64 ones ran 9x slower.
+            values = bm * bd + bm * bn + (0 if cfg["PRECISION"] == "fp16" else bm * bd)
+            per_thread = values // (lanes * int(cfg["FLASH_WARPS"]))
             if per_thread > 256:
-                return f"flash: {per_thread} fp32 accumulator+score values per thread > 256"
+                return (f"flash: {per_thread} fp32 accumulator, score and q values per thread "
+                        "> 256 (register spills)")
         else:
             per_thread = int(cfg["SOFTMAX_ROWS"]) * _pow2(T) // (lanes * int(cfg["SOFTMAX_WARPS"]))
             if per_thread > 128:

@@ -172,4 +172,7 @@ def test_grouped_gemm_compile_only_fills_the_cache(tmp_path: Path, monkeypatch,
     inputs = k.make_inputs(shape, "bf16", 0, "cuda")
     out = k.launcher(inputs, shape, config)()
     torch.testing.assert_close(out.float(), k.reference(inputs, shape), atol=2e-2, rtol=2e-2)
-    assert sorted(x.name for x in cache.iterdir()) == before  # loaded, not compiled again
+    # Loaded, not compiled again: the first launch may add Triton's C launcher stub for
+    # the signature (a .so), never a kernel binary.
+    added = [x for x in cache.iterdir() if x.name not in before]
+    assert not [f.name for d in added for f in d.iterdir() if f.suffix in (".cubin", ".ptx")]

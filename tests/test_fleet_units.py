@@ -219,12 +219,13 @@ def test_fleet_settings_in_experiment_files(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(base))
     fs = experiment.load(path).fleet
     assert (fs.wait_for_nodes_s, fs.queue_depth, fs.compile_workers, fs.max_retries) == (
-        0.0, 2, 2, 2)
+        0.0, "auto", "auto", 2)
     path.write_text(yaml.safe_dump({**base, "fleet": {"wait_for_nodes_s": 600,
                                                       "queue_depth": 8}}))
     fs = experiment.load(path).fleet
     assert fs.wait_for_nodes_s == 600 and fs.queue_depth == 8
     for bad, field in (({"queue_depth": 0}, "fleet.queue_depth"),
+                       ({"compile_workers": "many"}, "fleet.compile_workers"),
                        ({"wait_for_nodes_s": -1}, "fleet.wait_for_nodes_s"),
                        ({"wait_for_node": 5}, "fleet.wait_for_node")):
         path.write_text(yaml.safe_dump({**base, "fleet": bad}))

@@ -194,6 +194,17 @@ def test_pruning():
            "FLASH_STAGES": 2}
     assert "shared memory" in K.check_config({**big, "PRECISION": "fp32"}, shape, h100)
     assert K.check_config({**big, "PRECISION": "fp16"}, shape, h100) is None
+    # fp32 flash tiles that fit shared memory but spill registers (on an H100 these
+    # compiled for minutes): pruned; the same tiles in fp16 (wgmma) and small fp32 ones run.
+    spill = {"ATTN": "flash", "QKV_SPLIT": "none", "PRECISION": "fp32", "FLASH_BLOCK_M": 128,
+             "FLASH_WARPS": 4}
+    for bn, stages in ((128, 1), (64, 3)):
+        cfg = {**spill, "FLASH_BLOCK_N": bn, "FLASH_STAGES": stages}
+        assert "register spills" in K.check_config(cfg, shape, h100)
+        assert K.check_config({**cfg, "PRECISION": "fp16"}, shape, h100) is None
+    assert K.check_config({**spill, "FLASH_BLOCK_M": 64, "FLASH_BLOCK_N": 32}, shape, h100) is None
+    assert K.check_config({**spill, "FLASH_BLOCK_N": 64, "FLASH_WARPS": 8, "FLASH_STAGES": 3},
+                          shape, h100) is None
     # ...but the interpreter has no such limits.
     assert K.check_config({**big, "PRECISION": "fp32"}, shape, CPU) is None
     assert K.check_config({"C": 1}, {"B": 1, "T": 8, "C": 10, "H": 3}, CPU) is not None
