@@ -162,5 +162,8 @@ def test_gpu_compile_only_in_another_process_fills_the_cache(tmp_path: Path,
     before = sorted(x.name for x in cache.iterdir())
     assert before, "the child compiled nothing"
     _check(shape, config, "bf16", "cuda")
-    after = sorted(x.name for x in cache.iterdir())
-    assert after == before, "the parent compiled again instead of loading the child's binary"
+    # The first launch may add Triton's C launcher stub for the signature (a .so), never
+    # a kernel binary: that would be the parent compiling again.
+    added = [x for x in cache.iterdir() if x.name not in before]
+    assert not [f.name for d in added for f in d.iterdir() if f.suffix in (".cubin", ".ptx")], \
+        "the parent compiled again instead of loading the child's binary"
