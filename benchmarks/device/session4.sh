@@ -35,7 +35,7 @@ PY
 }
 
 if has tests; then
-  timeout ${TEST_S:-200} python3 -m pytest -q -m gpu -p no:cacheprovider -x --durations=15 \
+  timeout ${TEST_S:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
       ${GPU_TESTS:-tests/test_fleet_gpu.py tests/test_matmul.py tests/test_minigpt_block.py tests/test_grouped_gemm.py} \
       > $R/logs/pytest_gpu.txt 2>&1
   echo "tests rc=$? t=$(el)"; tail -25 $R/logs/pytest_gpu.txt
