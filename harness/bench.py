@@ -150,7 +150,47 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(r['tuned_speedup'], '.2f')}x | {_fmt(roof, '.0f')} | "
                 f"{_fmt(r['max_abs_err'], '.2g')} | {r['note']} |")
         lines.append("")
+    lines += cost_markdown(report)
     return "\n".join(lines)
+
+
+def cost_markdown(report: dict[str, Any]) -> list[str]:
+    """The tuning, lookup and decorator sections (empty where they were not run)."""
+    lines: list[str] = []
+    t = report.get("tuning")
+    if t:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in (t.get("overhead_s") or {}).items())
+        lines += [
+            "## Tuning cost", "",
+            f"`kharness run {t['experiment']}` (exhaustive, {t['trials']} configs measured, "
+            f"{t['pruned']} pruned statically, empty Triton cache):", "",
+            "| wall s | GPU-held s | timing s | timing fraction | trials/hour (wall) "
+            "| trials per GPU-hour | winner ms |",
+            "|---|---|---|---|---|---|---|",
+            f"| {_fmt(t['wall_s'], '.1f')} | {_fmt(t['gpu_held_s'], '.1f')} | "
+            f"{_fmt(t['timing_s'], '.1f')} | {_fmt(t['timing_fraction'] * 100, '.0f')} % | "
+            f"{_fmt(t['trials_per_hour'], '.0f')} | {_fmt(t['trials_per_gpu_hour'], '.0f')} | "
+            f"{_fmt(t['winner_ms'], '.4g')} |", "",
+            f"GPU-held time by phase: {parts}.", f"Winner: `{json.dumps(t['winner'])}`.", ""]
+    lk = report.get("lookup")
+    if lk:
+        cached = ", ".join(f"{k} {v:.2f} µs" for k, v in lk["cached_us"].items())
+        load, tgt = lk["load_ms"], lk["targets"]
+        lines += ["## Runtime lookup", "",
+                  f"Cached lookup (median): {cached} (target <= {tgt['cached_lookup_us']} µs). "
+                  f"Loading every shipped pack {_fmt(load.get('all_shipped'), '.2f')} ms, a "
+                  f"256-entry pack {_fmt(load.get('synthetic'), '.2f')} ms (target <= "
+                  f"{tgt['load_ms']} ms). Raw: `{lk['file']}`.", ""]
+    dec = report.get("decorator")
+    if dec:
+        lines += ["## Drop-in decorator: first call", "",
+                  f"A bf16 matmul, {dec['n_configs']} configs; first call of a fresh process "
+                  f"(cold or warm Triton cache). Raw: `{dec['file']}`.", "",
+                  "| case | first call ms | kernel ms |", "|---|---|---|"]
+        for k, v in dec["first_call_ms"].items():
+            lines.append(f"| {k} | {_fmt(v, '.1f')} | {_fmt(dec['steady_ms'].get(k), '.4f')} |")
+        lines.append("")
+    return lines
 
 
 def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
@@ -177,9 +217,92 @@ def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
             report.setdefault("errors", []).append({**case.__dict__, "error": repr(exc)[:500]})
             log(f"bench: {case} failed: {exc!r}"[:500])
         _write(out_dir, spec.key, report)
+    measurer.release()  # the cost runs below need the GPU's memory
+    for name, fn in (("tuning", _tuning_cost), ("lookup", _lookup_cost),
+                     ("decorator", _decorator_cost)):
+        left = budget_s - (time.monotonic() - t0)
+        if left < 30:
+            report.setdefault("skipped", []).append({"section": name, "why": "time budget"})
+            continue
+        log(f"bench: {name} cost")
+        try:
+            report[name] = fn(Path(out_dir) / spec.key, left)
+        except Exception as exc:  # a failed section is reported, the tables are kept
+            report.setdefault("errors", []).append({"section": name, "error": repr(exc)[:500]})
+            log(f"bench: {name} failed: {exc!r}"[:500])
+        _write(out_dir, spec.key, report)
     report["wall_s"] = time.monotonic() - t0
     _write(out_dir, spec.key, report)
     return report
+
+
+# -- cost: tuning, lookup, the decorator's first call -------------------------------------
+
+ROOT = CASES_FILE.parent.parent
+TUNING_EXPERIMENT = ROOT / "configs" / "matmul_grid216.yaml"
+
+
+def _child(args: list[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
+    """Run a benchmark step in its own process (its own CUDA context and Ray); raise with
+    the tail of its output when it fails."""
+    import os
+
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                         timeout=timeout_s, cwd=ROOT, env={**os.environ, **(env or {})})
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:3])} exited {out.returncode}: "
+                           f"{(out.stderr or out.stdout)[-800:]}")
+    return out.stdout
+
+
+def _tuning_cost(where: Path, budget_s: float) -> dict[str, Any]:
+    """The 216-config matmul grid through the whole harness (local Ray, compile-ahead,
+    MLflow, packs written to a scratch directory): wall time, trials per hour and where
+    the GPU-held time went."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        text = _child(["-m", "harness", "run", str(TUNING_EXPERIMENT), "--json",
+                       "--set", f"output.packs_dir={tmp}/packs",
+                       "--set", f"output.runs_dir={tmp}/runs",
+                       "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db"], budget_s,
+                      env={"TRITON_CACHE_DIR": f"{tmp}/triton-cache"})  # compiles for real
+    summ = json.loads(text)
+    rows = summ["rows"]
+    trials = sum(sum(r["counts"].get(k, 0) for k in ("measured", "failed")) for r in rows)
+    return {
+        "experiment": str(TUNING_EXPERIMENT.relative_to(ROOT)), "trials": trials,
+        "pruned": sum(r["counts"].get("pruned", 0) for r in rows),
+        "wall_s": summ["wall_s"], "gpu_held_s": summ["gpu_held_s"],
+        "timing_s": summ["kernel_timing_s"], "timing_fraction": summ["timing_fraction"],
+        "trials_per_hour": trials / summ["wall_s"] * 3600 if summ["wall_s"] else math.nan,
+        "trials_per_gpu_hour": (trials / summ["gpu_held_s"] * 3600 if summ["gpu_held_s"]
+                                else math.nan),
+        "overhead_s": summ.get("overhead_s", {}), "timeline_s": summ.get("timeline_s", {}),
+        "winner": rows[0].get("params") if rows else None,
+        "winner_ms": rows[0].get("latency_ms") if rows else None,
+    }
+
+
+def _lookup_cost(where: Path, budget_s: float) -> dict[str, Any]:
+    path = where / "lookup.json"
+    _child([str(ROOT / "benchmarks" / "lookup_bench.py"), "--out", str(path)], budget_s)
+    data = json.loads(path.read_text())
+    return {"file": path.name, "cached_us": {k: v["median_us"] for k, v in
+                                              data["cached"]["cases"].items()},
+            "load_ms": {k: v["median_ms"] for k, v in data["load"].items() if k != "per_pack"},
+            "first_lookup_ms": data["first_lookup"]["median_ms"],
+            "targets": data["targets"], "pass": data.get("pass")}
+
+
+def _decorator_cost(where: Path, budget_s: float) -> dict[str, Any]:
+    path = where / "decorator.json"
+    _child([str(ROOT / "benchmarks" / "decorator_vs_autotune.py"), "--out", str(path),
+            "--reps", "1"], budget_s)
+    data = json.loads(path.read_text())
+    return {"file": path.name, "n_configs": data["n_configs"],
+            "first_call_ms": {k: v["first_call_ms_median"] for k, v in data["summary"].items()},
+            "steady_ms": {k: v["steady_ms_median"] for k, v in data["summary"].items()}}
 
 
 def _write(out_dir: str | Path, hw: str, report: dict[str, Any]) -> None:

@@ -231,6 +231,14 @@ class Measurer:
         self._inputs: dict[str, Any] = {}
         self._ref: Any = None
 
+    def release(self) -> None:
+        """Drop the held inputs and reference (and the allocator's cached blocks)."""
+        self._key, self._inputs, self._ref = None, {}, None
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
     def prepare(self, kernel: Kernel, shape: Shape, dtype: str, seed: int) -> dict[str, Any]:
         """The problem's inputs (built once per problem); raises where they cannot be."""
         self._problem(kernel, shape, dtype, seed)

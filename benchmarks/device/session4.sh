@@ -4,7 +4,7 @@
 #   grid    the 216-config bf16 matmul grid at 8192^3, exhaustive, on this one GPU
 #   zoo     tuning runs that freeze this GPU's packs: ZOO="cfg[:timeout_s] ..." (search
 #           time per run; the torch.compile baseline off: `kharness bench` has it)
-#   bench   `kharness bench` (every table of the project on this GPU)
+#   bench   `kharness bench` (every table of the project on this GPU; runs before sweeps)
 #   sweeps  exhaustive sweeps for the replay benchmark (record_sweeps.sh)
 # Everything lands in $OUT/all.tar.gz (the device returns at most 8 files).
 set -uo pipefail
@@ -47,11 +47,9 @@ if has grid; then
   echo "grid rc=$? t=$(el)"; summ $R/logs/grid216.json
   unset TRITON_CACHE_DIR
 fi
-if has zoo || has sweeps; then
+if has zoo; then
   ray start --head --node-ip-address=127.0.0.1 --dashboard-host=127.0.0.1 --include-dashboard=false > $R/logs/ray_start.txt 2>&1
   export RAY_ADDRESS=127.0.0.1:6379
-fi
-if has zoo; then
   for item in ${ZOO:-}; do
     cfg=${item%%:*}; t=${item#*:}; [ "$t" = "$item" ] && t=60
     n=$(basename $cfg .yaml)
@@ -61,16 +59,24 @@ if has zoo; then
         > $R/logs/tune_$n.json 2> $R/logs/tune_$n.log
     echo "zoo $n rc=$? t=$(el)"; summ $R/logs/tune_$n.json
   done
+  ray stop > /dev/null 2>&1; unset RAY_ADDRESS
 fi
-if has sweeps; then
+if has bench; then
+  timeout $(( ${BENCH_S:-200} + 30 )) python3 -m harness bench --out $R/results --budget-s ${BENCH_S:-200} > $R/logs/bench.log 2>&1
+  echo "bench rc=$? t=$(el)"; tail -6 $R/logs/bench.log
+  python3 - $R/results <<'PY'
+import json, sys, glob
+for f in glob.glob(sys.argv[1] + "/*/bench.json"):
+    d = json.load(open(f))
+    print(f, "cases", len(d["cases"]), "errors", d.get("errors"), "skipped", d.get("skipped"))
+    for k in ("tuning", "lookup", "decorator"):
+        print(k, json.dumps(d.get(k))[:700])
+PY
+fi
+if has sweeps; then  # record_sweeps.sh starts its own `ray start --head`
   BUDGET_S=${SWEEP_S:-150} timeout $(( ${SWEEP_S:-150} + 20 )) bash benchmarks/device/record_sweeps.sh ${SWEEPS:-} > $R/logs/sweeps.log 2>&1
   echo "sweeps rc=$? t=$(el)"; tail -8 $R/logs/sweeps.log
   [ -d "$OUT/replay" ] && mv $OUT/replay $R/; [ -d "$OUT/replay_logs" ] && mv $OUT/replay_logs $R/logs/
-fi
-if has zoo || has sweeps; then ray stop > /dev/null 2>&1; fi
-if has bench; then
-  timeout $(( ${BENCH_S:-200} + 30 )) python3 -m harness bench --out $R/results --budget-s ${BENCH_S:-200} > $R/logs/bench.log 2>&1
-  echo "bench rc=$? t=$(el)"; tail -4 $R/logs/bench.log
 fi
 cp -r packs $R/ 2>/dev/null; cp mlflow.db $R/ 2>/dev/null
 for d in runs/*/; do [ -f $d/optuna.db ] && mkdir -p $R/runs/$(basename $d) && cp $d/optuna.db $R/runs/$(basename $d)/; done
