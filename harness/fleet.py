@@ -514,6 +514,9 @@ class Fleet:
         # Only the cwd and the caller's PYTHONPATH: the driver's whole sys.path would put
         # the base interpreter's site-packages ahead of the venv's (crashing workers).
         path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
+        # Ray starts a Python worker per core up front; the harness needs one per GPU, and
+        # on a 16-core box those imports slow the start and the compile children.
+        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
         ray.init(logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False,
                  runtime_env={"env_vars": {"PYTHONPATH": path}})
         return "local"
