@@ -42,7 +42,8 @@ def section(results: Path = ROOT / "benchmarks" / "results") -> str:
     for path in reports:
         rep = json.loads(path.read_text())
         env = rep["environment"]
-        rel = path.parent.relative_to(ROOT)
+        rel = (path.parent.relative_to(ROOT) if path.parent.is_relative_to(ROOT)
+               else path.parent)
         lines += [
             f"### {env['hardware']}: {env['device_name']}",
             "",

@@ -27,6 +27,8 @@ from harness import hardware, kernel_api, packs
 from harness.measure import Measurer, Timing, TrialResult, device_peaks, roofline_ms
 
 CASES_FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "cases.yaml"
+ROOT = CASES_FILE.parent.parent
+TUNING_EXPERIMENT = ROOT / "configs" / "matmul_grid216.yaml"
 #: Seconds of the budget kept for the cost sections (tuning run, lookup, decorator).
 COST_RESERVE_S = 170.0
 
@@ -195,17 +197,30 @@ def cost_markdown(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class CostSettings:
+    """What the cost sections run: the tuning experiment, and how long the lookup
+    benchmark repeats (``quick`` for smoke runs)."""
+
+    tuning_experiment: Path = TUNING_EXPERIMENT
+    quick: bool = False
+    enabled: bool = True
+
+
 def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
               cases_file: str | Path = CASES_FILE, budget_s: float = 540.0,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Benchmark every case, write ``<out_dir>/<hardware>/bench.{json,md}``."""
+              log: Callable[[str], None] = print,
+              cost: CostSettings | None = None) -> dict[str, Any]:
+    """Benchmark every case, then the cost sections; write
+    ``<out_dir>/<hardware>/bench.{json,md}`` (after each step: a cut run keeps its part)."""
+    cost = cost or CostSettings()
     t0 = time.monotonic()
     spec = hardware.current_device()
     measurer = Measurer(Timing())
     peaks = device_peaks(spec)
     report: dict[str, Any] = {"environment": environment(command), "peaks": peaks, "cases": []}
     for case in load_cases(cases_file, kernels):
-        left = budget_s - COST_RESERVE_S - (time.monotonic() - t0)
+        left = budget_s - (COST_RESERVE_S if cost.enabled else 0) - (time.monotonic() - t0)
         if left < 20:
             log(f"bench: out of time budget, skipping {case}")
             report.setdefault("skipped", []).append(case.__dict__)
@@ -222,13 +237,19 @@ def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
     measurer.release()  # the cost runs below need the GPU's memory
     for name, fn in (("tuning", _tuning_cost), ("lookup", _lookup_cost),
                      ("decorator", _decorator_cost)):
+        if not cost.enabled:
+            break
+        if name == "decorator" and spec.key == "cpu":
+            report.setdefault("skipped", []).append(
+                {"section": name, "why": "needs a GPU (triton.autotune's timing)"})
+            continue
         left = budget_s - (time.monotonic() - t0)
         if left < 30:
             report.setdefault("skipped", []).append({"section": name, "why": "time budget"})
             continue
         log(f"bench: {name} cost")
         try:
-            report[name] = fn(Path(out_dir) / spec.key, left)
+            report[name] = fn(Path(out_dir) / spec.key, left, cost)
         except Exception as exc:  # a failed section is reported, the tables are kept
             report.setdefault("errors", []).append({"section": name, "error": repr(exc)[:500]})
             log(f"bench: {name} failed: {exc!r}"[:500])
@@ -240,8 +261,6 @@ def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
 
 # -- cost: tuning, lookup, the decorator's first call -------------------------------------
 
-ROOT = CASES_FILE.parent.parent
-TUNING_EXPERIMENT = ROOT / "configs" / "matmul_grid216.yaml"
 
 
 def _child(args: list[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
@@ -257,14 +276,14 @@ def _child(args: list[str], timeout_s: float, env: dict[str, str] | None = None)
     return out.stdout
 
 
-def _tuning_cost(where: Path, budget_s: float) -> dict[str, Any]:
+def _tuning_cost(where: Path, budget_s: float, cost: CostSettings) -> dict[str, Any]:
     """The 216-config matmul grid through the whole harness (local Ray, compile-ahead,
     MLflow, packs written to a scratch directory): wall time, trials per hour and where
     the GPU-held time went."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        text = _child(["-m", "harness", "run", str(TUNING_EXPERIMENT), "--json",
+        text = _child(["-m", "harness", "run", str(cost.tuning_experiment), "--json",
                        "--set", f"output.packs_dir={tmp}/packs",
                        "--set", f"output.runs_dir={tmp}/runs",
                        "--set", f"tracking.uri=sqlite:///{tmp}/mlflow.db"], budget_s,
@@ -273,7 +292,7 @@ def _tuning_cost(where: Path, budget_s: float) -> dict[str, Any]:
     rows = summ["rows"]
     trials = sum(sum(r["counts"].get(k, 0) for k in ("measured", "failed")) for r in rows)
     return {
-        "experiment": str(TUNING_EXPERIMENT.relative_to(ROOT)), "trials": trials,
+        "experiment": _rel(cost.tuning_experiment), "trials": trials,
         "pruned": sum(r["counts"].get("pruned", 0) for r in rows),
         "wall_s": summ["wall_s"], "gpu_held_s": summ["gpu_held_s"],
         "timing_s": summ["kernel_timing_s"], "timing_fraction": summ["timing_fraction"],
@@ -286,9 +305,15 @@ def _tuning_cost(where: Path, budget_s: float) -> dict[str, Any]:
     }
 
 
-def _lookup_cost(where: Path, budget_s: float) -> dict[str, Any]:
+def _rel(path: Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _lookup_cost(where: Path, budget_s: float, cost: CostSettings) -> dict[str, Any]:
     path = where / "lookup.json"
-    _child([str(ROOT / "benchmarks" / "lookup_bench.py"), "--out", str(path)], budget_s)
+    quick = ["--reps", "5", "--number", "20000", "--synthetic-entries", "64"] if cost.quick else []
+    _child([str(ROOT / "benchmarks" / "lookup_bench.py"), "--out", str(path), *quick], budget_s)
     data = json.loads(path.read_text())
     return {"file": path.name, "cached_us": {k: v["median_us"] for k, v in
                                               data["cached"]["cases"].items()},
@@ -297,7 +322,7 @@ def _lookup_cost(where: Path, budget_s: float) -> dict[str, Any]:
             "targets": data["targets"], "pass": data.get("pass")}
 
 
-def _decorator_cost(where: Path, budget_s: float) -> dict[str, Any]:
+def _decorator_cost(where: Path, budget_s: float, cost: CostSettings) -> dict[str, Any]:
     path = where / "decorator.json"
     _child([str(ROOT / "benchmarks" / "decorator_vs_autotune.py"), "--out", str(path),
             "--reps", "1"], budget_s)

@@ -141,12 +141,14 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from harness.bench import CASES_FILE, run_bench
+    from harness.bench import CASES_FILE, TUNING_EXPERIMENT, CostSettings, run_bench
 
     command = "kharness bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "kharness bench"
+    cost = CostSettings(Path(args.tuning_experiment or TUNING_EXPERIMENT), quick=args.quick,
+                        enabled=not args.no_cost)
     report = run_bench(args.out, args.kernel or None, command,
                        cases_file=args.cases or CASES_FILE, budget_s=args.budget_s,
-                       log=lambda m: console.print(m, markup=False))
+                       log=lambda m: console.print(m, markup=False), cost=cost)
     console.print(f"bench: {len(report['cases'])} cases in {report['wall_s']:.0f} s -> "
                   f"{args.out}/{report['environment']['hardware']}/bench.md")
     return 1 if report.get("errors") else 0
@@ -173,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cases", help="cases YAML (default: benchmarks/cases.yaml)")
     b.add_argument("--budget-s", type=float, default=540.0,
                    help="stop starting new cases after this many seconds")
+    b.add_argument("--tuning-experiment", help="experiment whose run measures the tuning cost "
+                   "(default: configs/matmul_grid216.yaml)")
+    b.add_argument("--no-cost", action="store_true",
+                   help="only the kernel tables: no tuning, lookup or decorator sections")
+    b.add_argument("--quick", action="store_true", help="short lookup benchmark (smoke runs)")
     b.set_defaults(func=_cmd_bench)
     rp = sub.add_parser("report", help="a self-contained HTML report of an experiment")
     rp.add_argument("source", help="experiment name, its runs directory (runs/<name>), its "

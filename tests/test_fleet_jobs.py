@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -77,7 +78,8 @@ def head() -> Iterator[SimpleNamespace]:
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        yield SimpleNamespace(address=f"http://127.0.0.1:{dash}", env=env)
+        yield SimpleNamespace(address=f"http://127.0.0.1:{dash}", gcs=f"127.0.0.1:{gcs}",
+                              env=env)
     finally:
         _signal(_ours(temp_dir), signal.SIGTERM)
         deadline = time.monotonic() + 5
@@ -123,3 +125,24 @@ def test_ray_job_submit_runs_an_experiment(head, tmp_path: Path) -> None:
     data = packs.read(tmp_path / "packs" / "cpu" / "matmul.json")  # checksum verified
     entry = data["kernels"]["matmul"]["fp16"]["M=64,N=64,K=64"]
     assert entry["provenance"]["interpreted"] is True
+
+
+def test_run_joins_the_head_through_ray_address_without_auth_mode(head, tmp_path: Path) -> None:
+    """A user's `ray start --head` has token authentication on by default; `kharness run`
+    with only RAY_ADDRESS set must still join it (it sends the token itself)."""
+    exp = {
+        "name": "joined", "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}],
+        "dtypes": ["fp16"], "search": {"sampler": "grid", "trials": 1},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    env = {k: v for k, v in head.env.items() if k != "RAY_AUTH_MODE"}
+    env["RAY_ADDRESS"] = head.gcs
+    proc = subprocess.run([str(BIN / "kharness"), "run", "exp.yaml", "--json"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "InvalidAuthToken" not in proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["rows"][0]["counts"]["measured"] == 1

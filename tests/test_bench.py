@@ -1,0 +1,91 @@
+"""`kharness bench` on the CPU (Triton's interpreter): one small case measured against its
+baselines, then the cost sections for real (a tiny tuning run through local Ray, the pack
+lookup benchmark), the JSON/markdown it writes, and the README section rendered from it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory) -> tuple[Path, dict]:
+    tmp = tmp_path_factory.mktemp("bench")
+    cases = tmp / "cases.yaml"
+    cases.write_text(yaml.safe_dump({"cases": [
+        {"kernel": "rmsnorm", "shape": "test", "dtype": "fp32", "compile": False}]}))
+    tuning = tmp / "tiny.yaml"
+    tuning.write_text(yaml.safe_dump({
+        "name": "bench-tiny", "kernel": "rmsnorm", "shapes": [{"rows": 5, "cols": 300}],
+        "dtypes": ["fp32"], "search": {"sampler": "grid", "trials": 4},
+        "fleet": {"compile_workers": 0}}))
+    out = tmp / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "bench", "--out", str(out), "--cases", str(cases),
+         "--tuning-experiment", str(tuning), "--quick", "--budget-s", "400"],
+        capture_output=True, text=True, timeout=600, cwd=tmp,
+        env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out / "cpu", json.loads((out / "cpu" / "bench.json").read_text())
+
+
+def test_bench_measures_the_case_against_its_baselines(bench_run) -> None:
+    where, rep = bench_run
+    env = rep["environment"]
+    assert env["hardware"] == "cpu" and env["command"].startswith("kharness bench")
+    (case,) = rep["cases"]
+    rows = {r["variant"]: r for r in case["rows"]}
+    assert set(rows) >= {"tuned", "default config", "eager"}
+    for r in rows.values():
+        assert r["ok"], r
+        assert r["median_ms"] > 0 and r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
+        assert r["max_abs_err"] < 1e-3  # fp32 rmsnorm against its reference
+    assert case["pack_source"] in ("exact", "nearest", "default")
+    assert math.isclose(rows["tuned"]["tuned_speedup"], 1.0)
+
+
+def test_bench_cost_sections_are_measured(bench_run) -> None:
+    where, rep = bench_run
+    t = rep["tuning"]
+    assert t["trials"] >= 1 and t["wall_s"] > 0 and t["gpu_held_s"] > 0
+    assert 0 < t["timing_fraction"] <= 1
+    assert math.isclose(t["trials_per_hour"], t["trials"] / t["wall_s"] * 3600)
+    assert t["overhead_s"]["timing"] == pytest.approx(t["timing_s"], abs=0.01)
+    assert t["timeline_s"]["search_done"] >= t["timeline_s"]["workers_ready"]
+    lk = rep["lookup"]
+    assert (where / "lookup.json").is_file() and lk["cached_us"]["exact"] > 0
+    assert lk["load_ms"]["all_shipped"] > 0
+    # No GPU: the decorator's comparison with triton.autotune is skipped, and says why.
+    assert "decorator" not in rep
+    assert any(s.get("section") == "decorator" and "GPU" in s["why"] for s in rep["skipped"])
+    md = (where / "bench.md").read_text()
+    assert "## Tuning cost" in md and "## Runtime lookup" in md and "| tuned |" in md
+
+
+def test_readme_section_renders_every_results_file(bench_run, tmp_path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import render_readme
+
+    where, rep = bench_run
+    text = render_readme.section(where.parent)
+    assert "### cpu" in text and "#### Tuning cost" in text and "rmsnorm" in text
+    # The committed README is generated from the committed results.
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render_readme.py"),
+                           "--check"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_cost_markdown_without_sections_is_empty() -> None:
+    assert bench.cost_markdown({}) == []
