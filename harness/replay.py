@@ -101,7 +101,8 @@ class Table:
     def name(self) -> str:
         d = self.data
         shape = ",".join(f"{k}={v}" for k, v in d["shape"].items())
-        return f"{d['hardware']}/{d['kernel']}/{shape}/{d['dtype']}"
+        partial = "" if self.complete else f" (sub-grid: {len(self.by_key)} of {self.grid_size})"
+        return f"{d['hardware']}/{d['kernel']}/{shape}/{d['dtype']}{partial}"
 
     @property
     def grid_size(self) -> int:
@@ -405,6 +406,7 @@ class Trace:
     asks: int = 0
     duplicates: int = 0
     pruned_asks: int = 0
+    unrecorded_asks: int = 0  # configs outside a cut sweep's measured sub-grid
     stopped: str = ""
 
     @property
@@ -484,7 +486,13 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
             key = config_key(config)
             rec = table.by_key.get(key)
             if rec is None:
-                raise KeyError(f"{table.name}: no record of {key} (an incomplete sweep)")
+                if table.complete:
+                    raise KeyError(f"{table.name}: no record of {key}")
+                # A sweep cut short: replay over the sub-grid it measured. A config it
+                # never reached is outside that sub-grid, like a pruned one: no cost.
+                trace.unrecorded_asks += 1
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
             if rec["status"] == "pruned" and prune:
                 trace.pruned_asks += 1
                 study.tell(trial, state=TrialState.PRUNED)
