@@ -42,6 +42,11 @@ class SearchSettings(_Strict):
                                       "own tolerance)")
     max_rel_err: float | None = Field(None, gt=0, description="likewise for the max error "
                                       "relative to the output's largest magnitude")
+    remeasure_top_k: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = Field(
+        "auto", description="at the end of a study, re-measure its best k configs interleaved "
+        "and pick the winner by their median (0: off; auto: 3 on GPUs, off under the CPU "
+        "interpreter, whose timings mean nothing)")
+    remeasure_rounds: int = Field(3, ge=1, le=20, description="re-measurements of each of them")
 
 
 class TimingSettings(_Strict):

@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import experiment, kernel_api, spaces
+from harness import experiment, kernel_api, remeasure, spaces
 from harness.fleet import Fleet, NoHardwareError, Task
 from harness.hardware import spec_for_key
 from harness.kernel_api import DeviceSpec
@@ -49,6 +49,8 @@ class StudyState:
     pending: set[str] = field(default_factory=set)  # baselines in flight
     failures: int = 0
     best_ms: float = math.inf
+    candidates: list[remeasure.Candidate] = field(default_factory=list)  # re-measured top k
+    final: tuple[dict[str, Any], str] | None = None  # (winner config, why) after re-measuring
 
 
 @dataclass
@@ -374,6 +376,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     summary.mark("search_started")
     try:
         _search_loop(exp, fleet, studies, tracker, bg, trial_log, console, progress)
+        _remeasure_top(exp, fleet, studies, console)
     finally:
         summary.mark("search_done")
         fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
@@ -500,6 +503,56 @@ def _search_loop(exp, fleet: Fleet, studies: list[StudyState], tracker: Tracker,
             refresh(hw)
 
 
+def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[StudyState],
+                   console: Console) -> None:
+    """Re-measure each study's best configs interleaved and decide its winner
+    (``harness.remeasure``); every hardware key's studies in one queue, run in order."""
+    k = exp.search.remeasure_top_k
+    todo: dict[str, list[Task]] = {}
+    for st in studies:
+        kk = (0 if st.device.interpreted else 3) if k == "auto" else int(k)
+        top = st.search.top(kk) if kk > 1 else []
+        if len(top) < 2:
+            continue
+        st.candidates = [remeasure.Candidate(cfg, res.get("latency_ms", math.nan))
+                         for cfg, res in top]
+        for i in remeasure.schedule(len(top), exp.search.remeasure_rounds):
+            todo.setdefault(st.spec.hardware, []).append(Task(
+                st.spec.hardware, "measure",
+                (st.spec.kernel, st.spec.shape, st.spec.dtype, top[i][0], 0),
+                ("remeasure", st, i)))
+    if not todo:
+        return
+    console.print(f"re-measuring the top configs of {sum(bool(s.candidates) for s in studies)}"
+                  f" studies, interleaved ({sum(map(len, todo.values()))} measurements)")
+    left = sum(map(len, todo.values()))
+    while left:
+        for hw, tasks in todo.items():
+            while tasks and fleet.capacity(hw):
+                fleet.submit(tasks.pop(0))
+        if fleet.in_flight() == 0 and not any(todo.values()):
+            break
+        for task, result in fleet.poll(0.5):
+            left -= 1
+            _, st, i = task.tag
+            cand = st.candidates[i]
+            if result.ok:
+                cand.samples.append(result.latency_ms)
+            else:
+                cand.failures.append(result.reason)
+        if not any(fleet.workers(hw) for hw in todo):
+            break  # every worker of these keys is gone: keep what came back
+    for st in studies:
+        if not st.candidates:
+            continue
+        others = [o.search.latencies() for o in studies if o is not st
+                  and (o.spec.kernel, o.spec.dtype, o.spec.hardware)
+                  == (st.spec.kernel, st.spec.dtype, st.spec.hardware)]
+        chosen = remeasure.pick(st.candidates, lambda c, n=others: remeasure.robustness(c, n))
+        if chosen is not None:
+            st.final = (chosen[0].config, chosen[1])
+
+
 def _next_task(sts: list[StudyState], rr: dict[str, int], hw: str) -> Task | None:
     """The hardware's next task: the baselines of a study first (PyTorch eager and the
     kernel's default config, measured even where the default is outside the space), then
@@ -572,6 +625,16 @@ def _outcome(st: StudyState) -> tuple[dict[str, Any], dict[str, Any]] | None:
     if best is None:
         return None
     config, res = best
+    extra: dict[str, Any] = {}
+    if st.final is not None:
+        winner = next(c for c in st.candidates if c.config == st.final[0])
+        config, res = winner.config, next(r for c, r in st.search.top(len(st.candidates))
+                                          if c == winner.config)
+        res = {**res, "latency_ms": winner.median}
+        extra = {"search_latency_ms": winner.search_ms, "remeasured_ms": winner.median,
+                 "remeasure_min_ms": winner.lo, "remeasure_max_ms": winner.hi,
+                 "remeasure_spread": winner.spread, "remeasure_rounds": len(winner.samples),
+                 "remeasure_candidates": len(st.candidates)}
     fam = kernel_api.get(st.spec.kernel)
     default_res = st.default or {}
     eager_ms = (st.eager or {}).get("latency_ms")
@@ -585,6 +648,7 @@ def _outcome(st: StudyState) -> tuple[dict[str, Any], dict[str, Any]] | None:
         "speedup_vs_eager": _speedup(eager_ms, res.get("latency_ms")),
         "speedup_vs_compile": _speedup(compile_ms, res.get("latency_ms")),
         "speedup_vs_default": _speedup(default_res.get("latency_ms"), res.get("latency_ms")),
+        **extra,
     })
     return {**fam.default_config, **config}, metrics
 
@@ -610,7 +674,8 @@ def _freeze(exp, studies: list[StudyState], tracker: Tracker, parent: str) -> li
                 "interpreted": w["interpreted"], "trials": st.search.counts(),
             },
         }
-        tracker.log(st.run_id, params={f"best.{k}": v for k, v in config.items()},
+        why = {"winner_reason": st.final[1]} if st.final else {}
+        tracker.log(st.run_id, params={**{f"best.{k}": v for k, v in config.items()}, **why},
                     metrics={f"best_{k}": v for k, v in metrics.items()})
     paths = []
     for (hw, kernel, dtype), entries in groups.items():
@@ -628,6 +693,8 @@ def _row(st: StudyState) -> dict[str, Any]:
     out = _outcome(st)
     if out:
         row["config"], metrics = out
-        row["params"] = st.search.best()[0]  # type: ignore[index]
+        row["params"] = st.final[0] if st.final else st.search.best()[0]  # type: ignore[index]
         row.update(metrics)
+        if st.final:
+            row["winner_reason"] = st.final[1]
     return row

@@ -243,6 +243,23 @@ class Search:
         t = min(measured, key=lambda t: t.value)
         return dict(t.params), dict(t.user_attrs.get(ATTR_RESULT, {}))
 
+    def top(self, k: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The ``k`` fastest measured configs (distinct), fastest first, with results."""
+        out: dict[str, tuple[float, dict[str, Any], dict[str, Any]]] = {}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get(ATTR_STATUS) != "measured":
+                continue
+            key = config_key(t.params)
+            if key not in out or t.value < out[key][0]:
+                out[key] = (t.value, dict(t.params), dict(t.user_attrs.get(ATTR_RESULT, {})))
+        ranked = sorted(out.values(), key=lambda x: x[0])[:k]
+        return [(cfg, res) for _, cfg, res in ranked]
+
+    def latencies(self) -> dict[str, float]:
+        """Config key -> measured latency, for every measured config."""
+        return {config_key(cfg): res["latency_ms"] for cfg, res in self.top(10**9)
+                if res.get("latency_ms") is not None}
+
     def counts(self) -> dict[str, int]:
         out = {"measured": 0, "failed": 0, "pruned": 0, "duplicate": 0}
         for t in self.study.get_trials(deepcopy=False):

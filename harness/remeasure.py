@@ -1,0 +1,86 @@
+"""Noise: a study's winner is decided by re-measuring its best configs side by side.
+
+A search measures each config once, at a moment of its own (clocks, temperature, the
+neighbours on the node): two configs within a percent of each other swap places from run
+to run. At the end of a study its top ``k`` configs are measured again, interleaved
+(A B C A B C ...), so that slow drifts hit them alike; the winner is the one with the
+lowest median of those re-measurements, and each candidate's spread is recorded.
+
+When candidates are within noise of the best (their ranges overlap, or they are within
+``NOISE`` of it), the one that is more robust across neighbouring shapes wins: the one
+whose latency, relative to the best of each other study of the same kernel, dtype and
+hardware, is lowest on average where it was measured there. With no such evidence the
+lowest median wins.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.search import config_key
+
+#: Candidates within this fraction of the best median are "within noise" of it.
+NOISE = 0.01
+
+
+def schedule(n: int, rounds: int) -> list[int]:
+    """Interleaved order of ``rounds`` measurements of ``n`` candidates: 0 1 2 0 1 2 ..."""
+    return [i for _ in range(rounds) for i in range(n)]
+
+
+@dataclass
+class Candidate:
+    config: dict[str, Any]
+    search_ms: float  # what the search measured
+    samples: list[float] = field(default_factory=list)  # re-measured medians
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.inf
+
+    @property
+    def lo(self) -> float:
+        return min(self.samples) if self.samples else math.inf
+
+    @property
+    def hi(self) -> float:
+        return max(self.samples) if self.samples else math.inf
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the re-measurements."""
+        return (self.hi - self.lo) / self.median if self.samples else math.nan
+
+
+def robustness(config: Mapping[str, Any],
+               neighbours: Sequence[Mapping[str, float]]) -> float:
+    """Mean of latency / that study's best, over the neighbouring studies that measured
+    ``config`` (``neighbours``: config key -> latency per study); inf without evidence."""
+    k = config_key(config)
+    ratios = [n[k] / min(n.values()) for n in neighbours if k in n and n]
+    return statistics.fmean(ratios) if ratios else math.inf
+
+
+def pick(cands: Sequence[Candidate],
+         robust: Callable[[Mapping[str, Any]], float] = lambda c: math.inf
+         ) -> tuple[Candidate, str] | None:
+    """The winner and why; None when no candidate was re-measured successfully."""
+    ok = [c for c in cands if c.samples]
+    if not ok:
+        return None
+    best = min(ok, key=lambda c: c.median)
+    tied = [c for c in ok if c.median <= best.median * (1 + NOISE)
+            or (c.lo <= best.hi and c is not best)]
+    if len(tied) > 1:
+        scored = sorted(tied, key=lambda c: (robust(c.config), c.median))
+        if math.isfinite(robust(scored[0].config)):
+            win = scored[0]
+            return win, (f"{len(tied)} configs within noise; the most robust across "
+                         f"neighbouring shapes ({robust(win.config):.3f} x their best)")
+        return best, f"{len(tied)} configs within noise; no neighbouring shapes: lowest median"
+    return best, "lowest median of the interleaved re-measurements"

@@ -1,0 +1,89 @@
+"""The end of a study: its top configs re-measured interleaved, the winner picked by
+median, ties within noise broken by robustness across neighbouring shapes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import packs, remeasure
+from harness.remeasure import Candidate
+from harness.search import config_key
+from tests.fault_kernels import read_events
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_schedule_interleaves() -> None:
+    assert remeasure.schedule(3, 2) == [0, 1, 2, 0, 1, 2]
+    assert remeasure.schedule(1, 3) == [0, 0, 0]
+
+
+def test_pick_by_median_of_the_rounds() -> None:
+    a = Candidate({"x": 1}, search_ms=1.00, samples=[1.20, 1.21, 1.19])  # lucky in search
+    b = Candidate({"x": 2}, search_ms=1.05, samples=[1.05, 1.04, 1.06])
+    win, why = remeasure.pick([a, b])
+    assert win is b and "median" in why
+    assert b.median == 1.05 and b.lo == 1.04 and b.hi == 1.06
+    assert b.spread == pytest.approx(0.02 / 1.05)
+    assert remeasure.pick([Candidate({"x": 3}, 1.0, failures=["boom"])]) is None
+
+
+def test_ties_go_to_the_config_robust_across_neighbouring_shapes() -> None:
+    a = Candidate({"x": 1}, 1.0, samples=[1.000, 1.004, 0.998])
+    b = Candidate({"x": 2}, 1.0, samples=[1.003, 1.001, 1.005])  # within 1 % of a
+    c = Candidate({"x": 3}, 1.0, samples=[1.10, 1.11, 1.09])  # clearly slower
+    # Another shape where x=2 was the best and x=1 25 % off.
+    neighbours = [{config_key({"x": 1}): 2.5, config_key({"x": 2}): 2.0}]
+    win, why = remeasure.pick([a, b, c], lambda cfg: remeasure.robustness(cfg, neighbours))
+    assert win is b and "robust" in why
+    # Without neighbours the lowest median wins.
+    win, why = remeasure.pick([a, b, c])
+    assert win is a and "no neighbouring" in why
+    assert math.isinf(remeasure.robustness({"x": 9}, neighbours))
+
+
+@pytest.mark.slow
+def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    sleeps = [0, 40, 80, 120]  # ms: a clear order, so the winner is known
+    exp = {
+        "name": "remeasure", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
+        "dtypes": ["fp32"], "search": {"sampler": "grid", "trials": 4, "warm_start": False,
+                                       "remeasure_top_k": 2, "remeasure_rounds": 2},
+        "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": sleeps}},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0, "queue_depth": 1},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    env = {**os.environ, "FAULT_DIR": str(events),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    env.pop("TRITON_INTERPRET", None)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (row,) = json.loads(proc.stdout)["rows"]
+    assert row["params"]["SLEEP_MS"] == 0 and "median" in row["winner_reason"]
+    assert row["remeasure_rounds"] == 2 and row["remeasure_candidates"] == 2
+    assert row["remeasure_min_ms"] <= row["remeasured_ms"] <= row["remeasure_max_ms"]
+    # The last launches: the two best configs, alternating (each measurement launches a
+    # config once to check it and twice to time it on the CPU).
+    launches = [e["config"]["SLEEP_MS"] for e in read_events(events) if e["event"] == "launch"]
+    tail = launches[-12:]
+    blocks = [tail[i:i + 3] for i in range(0, 12, 3)]
+    assert all(len(set(b)) == 1 for b in blocks), tail
+    assert [b[0] for b in blocks] == [0, 40, 0, 40], tail
+    entry = packs.read(tmp_path / "packs" / "cpu" / "faulty.json")["kernels"]["faulty"]["fp32"]
+    metrics = next(iter(entry.values()))["metrics"]
+    assert metrics["remeasure_rounds"] == 2 and metrics["latency_ms"] == row["remeasured_ms"]
