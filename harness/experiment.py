@@ -37,6 +37,9 @@ class SearchSettings(_Strict):
     trials: int = Field(32, ge=1, description="trials per study, the default config included")
     timeout_s: float | None = Field(None, gt=0, description="wall-clock limit for the whole run")
     warm_start: bool = Field(True, description="enqueue the default config as the first trial")
+    seed_from_packs: bool = Field(True, description="then the winners of the packs: this "
+                                  "hardware's for the same and the nearest shapes, other "
+                                  "hardware's for the same shape (harness/warmstart.py)")
     max_abs_err: float | None = Field(None, gt=0, description="required accuracy: a trial whose "
                                       "max abs error exceeds it fails (on top of the kernel's "
                                       "own tolerance)")

@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import experiment, kernel_api, remeasure, spaces
+from harness import experiment, kernel_api, remeasure, spaces, warmstart
 from harness.fleet import Fleet, NoHardwareError, Task
 from harness.hardware import spec_for_key
 from harness.kernel_api import DeviceSpec
@@ -344,8 +344,12 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
                                device.vendor, spec.hardware, where=str(path))
         if not resume:
             _drop_study(url, spec.name)
+        fam = kernel_api.get(spec.kernel)
+        seeds = (warmstart.seeds_from_packs(exp.output.packs_dir, fam, spec.dtype,
+                                            spec.hardware, spec.shape, space, device)
+                 if exp.search.seed_from_packs and not resume else [])
         search = Search(spec, space, device, exp.search, storage, exp.seed,
-                        n_parallel=fleet.depth(spec.hardware))
+                        n_parallel=fleet.depth(spec.hardware), seeds=seeds)
         run_id = tracker.start_run(
             f"{spec.kernel} {spec.shape_key} {spec.dtype} {spec.hardware}",
             {"harness.level": "study", "hardware": spec.hardware, "kernel": spec.kernel,

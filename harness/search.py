@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,8 @@ class Search:
 
     def __init__(self, spec: StudySpec, space: spaces.Space, device: DeviceSpec,
                  settings: SearchSettings, storage: str | optuna.storages.BaseStorage,
-                 seed: int, n_parallel: int):
+                 seed: int, n_parallel: int,
+                 seeds: Sequence[tuple[dict[str, Any], str]] = ()):
         self.spec = spec
         self.space = space
         self.device = device
@@ -113,6 +114,7 @@ class Search:
         self._seen: dict[str, float | None] = {}  # config -> latency (None = failed)
         self._asks_left = 20 * settings.trials + self.grid
         self.pruned = 0
+        self._seeds = list(seeds)  # (config, where it won) enqueued on a fresh study
         self._resume()
 
     # -- resume ---------------------------------------------------------------------
@@ -139,6 +141,11 @@ class Search:
             # Only enqueue when the default is a point of this space.
             if not missing and all(default[k] in self.space[k] for k in default):
                 self.study.enqueue_trial(default)
+        if fresh and self._seeds:
+            for config, _ in self._seeds:
+                self.study.enqueue_trial(dict(config), skip_if_exists=True)
+            self.study.set_user_attr("warm_start_seeds",
+                                     [{"config": c, "from": w} for c, w in self._seeds])
 
     def _finish_left_running(self, t: optuna.trial.FrozenTrial) -> optuna.trial.FrozenTrial:
         storage, tid = self.study._storage, t._trial_id
