@@ -50,6 +50,22 @@ class SearchSettings(_Strict):
         "and pick the winner by their median (0: off; auto: 3 on GPUs, off under the CPU "
         "interpreter, whose timings mean nothing)")
     remeasure_rounds: int = Field(3, ge=1, le=20, description="re-measurements of each of them")
+    pruner: Literal["none", "threshold", "median", "percentile"] = Field(
+        "none", description="multi-fidelity: each config is first timed cheaply "
+        "(cheap_rep_ms), this Optuna pruner stops the clearly bad ones there, the others are "
+        "timed in full (none: every config timed in full at once; threshold: cheap time "
+        "> best so far x (1 + prune_margin))")
+    cheap_rep_ms: float = Field(10.0, gt=0, description="do_bench's rep budget of the cheap "
+                                "pass (the full pass uses timing.rep_ms)")
+    prune_margin: float = Field(0.10, ge=0, description="threshold pruner: how much slower "
+                                "than the best so far a cheap time may be and go on")
+    prune_percentile: float = Field(25.0, gt=0, lt=100, description="percentile pruner: keep "
+                                    "the configs whose cheap time is in this best percentile")
+    prune_startup_trials: int = Field(4, ge=0, description="complete trials before pruning "
+                                      "starts")
+    max_stalled_asks: int = Field(100, ge=1, description="end a study after this many asks "
+                                  "in a row that brought no new config (a sampler stuck on "
+                                  "pruned or measured configs)")
 
 
 class TimingSettings(_Strict):

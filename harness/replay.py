@@ -407,6 +407,8 @@ class Trace:
     duplicates: int = 0
     pruned_asks: int = 0
     unrecorded_asks: int = 0  # configs outside a cut sweep's measured sub-grid
+    cut: int = 0  # configs stopped after their cheap pass (multi-fidelity)
+    fidelity: float | None = None
     stopped: str = ""
 
     @property
@@ -414,17 +416,37 @@ class Trace:
         return self.steps[-1].best_ms if self.steps else math.inf
 
 
-def _settings(name: str, trials: int, warm_start: bool) -> Any:
+def _settings(name: str, trials: int, warm_start: bool, **kw: Any) -> Any:
     from harness.experiment import SearchSettings
 
-    return SearchSettings(sampler=name, trials=trials, warm_start=warm_start)
+    return SearchSettings(sampler=name, trials=trials, warm_start=warm_start, **kw)
+
+
+def cheap_pass(rec: Mapping[str, Any], fidelity: float, seed: int) -> tuple[float, float]:
+    """(latency, GPU seconds) of a simulated cheap measurement of a recorded config: timed
+    with ``fidelity`` x the full pass's repetitions, so it costs the first launch (compile)
+    plus that share of the recorded timing; its latency is the recorded median perturbed
+    within the recorded p20-p80 spread (uniformly, seeded by ``seed`` and the config)."""
+    import random
+
+    compile_s, timing_s = rec.get("compile_s"), rec.get("timing_s")
+    if compile_s is None or timing_s is None:
+        cost = rec["cost_s"] * fidelity
+    else:
+        cost = compile_s + timing_s * fidelity
+    med = rec["median_ms"]
+    lo, hi = rec.get("p20_ms") or med, rec.get("p80_ms") or med
+    rng = random.Random(f"{seed}:{config_key(rec['config'])}")
+    return rng.uniform(min(lo, hi), max(lo, hi)), cost
 
 
 def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
            budget_trials: int | None = None, prune: bool = True, warm_start: bool = True,
            in_flight: int = 1, stop_at_target: bool = True, tol: float = DEFAULT_TOL,
            enqueue: Sequence[Mapping[str, Any]] = (), max_asks: int | None = None,
-           max_stall: int | None = 200) -> Trace:
+           max_stall: int | None = 200, fidelity: float | None = None,
+           pruner: str = "threshold", prune_margin: float = 0.10,
+           prune_startup: int = 4) -> Trace:
     """Tune ``table``'s case with ``sampler`` (a name for ``harness.search.make_sampler``
     or an Optuna sampler), answering every config from the record.
 
@@ -439,21 +461,29 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
     ``max_stall``: stop after this many asks in a row that brought no new config (a
     sampler that keeps proposing pruned, failed or measured configs; the harness would go
     on until ``max_asks`` without measuring anything more). None: no such stop.
+    ``fidelity``: multi-fidelity, as ``search.pruner`` does live: each runnable config is
+    first timed cheaply (``cheap_pass``: this fraction of the full repetitions), reported
+    to Optuna as step 0, and ``pruner`` (``harness.search.make_pruner``) decides whether it
+    is timed in full (then it costs the recorded cost plus the cheap timing, and its value
+    is the recorded median) or stops there (told PRUNED, a GPU trial at the cheap cost).
     """
     import optuna
     from optuna.trial import TrialState
 
-    from harness.search import make_sampler
+    from harness.search import make_pruner, make_sampler
 
     space = table.space
     n_pruned = len(table.of("pruned"))
     runnable = len(table.by_key) - (n_pruned if prune else 0)
     limit = min(budget_trials or runnable, runnable)
     name = sampler if isinstance(sampler, str) else type(sampler).__name__
+    settings = _settings(name if isinstance(sampler, str) else "tpe", limit, warm_start,
+                         pruner=pruner if fidelity else "none", prune_margin=prune_margin,
+                         prune_startup_trials=prune_startup)
     if isinstance(sampler, str):
-        sampler = make_sampler(_settings(sampler, limit, warm_start), space, seed,
-                               n_parallel=in_flight)
-    study = optuna.create_study(direction="minimize", sampler=sampler)
+        sampler = make_sampler(settings, space, seed, n_parallel=in_flight)
+    study = optuna.create_study(direction="minimize", sampler=sampler,
+                                pruner=make_pruner(settings))
     first = []
     default = table.data.get("default_config")
     if warm_start and default:
@@ -465,8 +495,9 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
     max_asks = max_asks if max_asks is not None else 20 * limit + table.grid_size
     target = table.optimum_ms * (1 + tol)
 
-    trace = Trace(table.name, name, seed, prune)
+    trace = Trace(table.name, name, seed, prune, fidelity=fidelity)
     seen: dict[str, float | None] = {}  # config -> latency; None failed; NaN in flight
+    cut: set[str] = set()  # configs stopped after their cheap pass
     pending: deque[tuple[Any, dict[str, Any], dict[str, Any], str]] = deque()
     total, best = 0.0, math.inf
     stall = 0
@@ -501,7 +532,9 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
                 # The harness answers a repeated config from the study, at no GPU cost.
                 trace.duplicates += 1
                 value = seen[key]
-                if value is None or math.isnan(value):
+                if key in cut:
+                    study.tell(trial, state=TrialState.PRUNED)
+                elif value is None or math.isnan(value):
                     study.tell(trial, state=TrialState.FAIL)
                 else:
                     study.tell(trial, value)
@@ -516,6 +549,21 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
         trial, config, rec, key = pending.popleft()
         ok = rec["status"] == "ok"
         cost = rec["cost_s"] if rec["status"] != "pruned" else table.pruned_cost_s
+        if ok and fidelity:
+            cheap_ms, cheap_s = cheap_pass(rec, fidelity, seed)
+            trial.report(cheap_ms, 0)
+            if trial.should_prune():
+                total += cheap_s
+                cut.add(key)
+                seen[key] = cheap_ms
+                trace.cut += 1
+                study.tell(trial, state=TrialState.PRUNED)
+                trace.steps.append(Step(len(trace.steps) + 1, trace.asks, config, "cut",
+                                        cheap_ms, cheap_s, total, best))
+                continue
+            # Timed in full after the cheap pass (compiled already): the cheap timing is
+            # what multi-fidelity adds to the recorded cost.
+            cost += cheap_s - (rec.get("compile_s") or 0.0)
         total += cost
         if ok:
             value = rec["median_ms"]
@@ -554,6 +602,8 @@ def metrics(trace: Trace, table: Table, tol: float = DEFAULT_TOL) -> dict[str, A
         "asks": trace.asks,
         "duplicates": trace.duplicates,
         "pruned_asks": trace.pruned_asks,
+        "cut": trace.cut,
+        "fidelity": trace.fidelity,
         "stopped": trace.stopped,
     }
 

@@ -27,7 +27,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 #: Trial user attributes the harness writes. The objective value is the median latency.
-ATTR_STATUS = "status"  # measured | failed | pruned | duplicate | interrupted
+ATTR_STATUS = "status"  # measured | failed | pruned | cut | duplicate | interrupted
 ATTR_REASON = "reason"
 ATTR_RESULT = "result"
 
@@ -87,6 +87,42 @@ def make_sampler(settings: SearchSettings, space: spaces.Space, seed: int,
     raise ValueError(f"unknown sampler {name!r}")
 
 
+class ThresholdPruner(optuna.pruners.BasePruner):
+    """Multi-fidelity cut: a trial whose cheap measurement (step 0) is more than ``margin``
+    slower than the best full measurement so far stops there, once ``n_startup_trials``
+    trials are complete. Cheap timings are noisier, hence the margin."""
+
+    def __init__(self, margin: float = 0.10, n_startup_trials: int = 4):
+        self.margin = margin
+        self.n_startup_trials = n_startup_trials
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None:
+            return False
+        done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.value is not None]
+        if len(done) < self.n_startup_trials:
+            return False
+        return trial.intermediate_values[step] > min(done) * (1 + self.margin)
+
+
+def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
+    """The multi-fidelity pruner (``search.pruner``); ``none``: every config is timed in
+    full at once."""
+    name, startup = settings.pruner, settings.prune_startup_trials
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    if name == "threshold":
+        return ThresholdPruner(settings.prune_margin, startup)
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=0)
+    if name == "percentile":
+        return optuna.pruners.PercentilePruner(settings.prune_percentile,
+                                               n_startup_trials=startup, n_warmup_steps=0)
+    raise ValueError(f"unknown pruner {name!r}")
+
+
 def config_key(config: Mapping[str, Any]) -> str:
     return json.dumps(dict(config), sort_keys=True)
 
@@ -108,12 +144,15 @@ class Search:
             storage=storage,
             direction="minimize",
             sampler=make_sampler(settings, space, seed, n_parallel),
+            pruner=make_pruner(settings),
             load_if_exists=True,
         )
         self.grid = spaces.grid_size(space)
         self._seen: dict[str, float | None] = {}  # config -> latency (None = failed)
         self._asks_left = 20 * settings.trials + self.grid
-        self.pruned = 0
+        self._pruned: set[str] = set()  # distinct configs rejected by static pruning
+        self._stall = 0  # asks in a row that brought no new config
+        self.stalled = False
         self._seeds = list(seeds)  # (config, where it won) enqueued on a fresh study
         self._resume()
 
@@ -133,8 +172,10 @@ class Search:
                 self._seen[key] = t.value
             elif t.state == TrialState.FAIL and t.user_attrs.get(ATTR_STATUS) == "failed":
                 self._seen[key] = None
+            elif t.state == TrialState.PRUNED and t.user_attrs.get(ATTR_STATUS) == "cut":
+                self._seen[key] = math.inf  # stopped after its cheap pass: measured
             elif t.state == TrialState.PRUNED:
-                self.pruned += 1
+                self._pruned.add(key)
         if fresh and self.settings.warm_start:
             default = {k: v for k, v in self.kernel.default_config.items() if k in self.space}
             missing = set(self.space) - set(default)
@@ -168,6 +209,11 @@ class Search:
 
     # -- the budget -----------------------------------------------------------------
     @property
+    def pruned(self) -> int:
+        """Distinct configs rejected by static pruning (a sampler may ask for one often)."""
+        return len(self._pruned)
+
+    @property
     def measured(self) -> int:
         """Distinct configs measured (succeeded or failed): what the budget counts."""
         return len(self._seen)
@@ -175,20 +221,28 @@ class Search:
     def done(self, in_flight: int = 0) -> bool:
         return (self.measured + in_flight >= self.settings.trials
                 or self.measured + in_flight >= self.grid - self.pruned
-                or self._asks_left <= 0)
+                or self._asks_left <= 0 or self.stalled)
 
     # -- ask / tell -----------------------------------------------------------------
     def ask(self, in_flight: int = 0) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
         """The next config worth measuring, or None when the study has nothing left."""
         while not self.done(in_flight):
             self._asks_left -= 1
+            self._stall += 1
+            if self._stall > self.settings.max_stalled_asks:
+                # GP, say, keeps proposing configs it cannot learn from (pruned ones are
+                # not in its model): nothing new would be measured before the ask limit.
+                self.stalled = True
+                self.study.set_user_attr("stopped", f"stalled: {self._stall - 1} asks in a "
+                                         "row brought no new config")
+                break
             trial = self.study.ask()
             config = {name: trial.suggest_categorical(name, choices)
                       for name, choices in self.space.items()}
             reason = self.kernel.check_config(
                 {**self.kernel.default_config, **config}, self.spec.shape, self.device)
             if reason:
-                self.pruned += 1
+                self._pruned.add(config_key(config))
                 trial.set_user_attr(ATTR_STATUS, "pruned")
                 trial.set_user_attr(ATTR_REASON, reason)
                 self.study.tell(trial, state=TrialState.PRUNED)
@@ -198,12 +252,15 @@ class Search:
                 # Samplers repeat themselves on small spaces; answer from what we know.
                 trial.set_user_attr(ATTR_STATUS, "duplicate")
                 value = self._seen[key]
-                if value is None:
+                if value is not None and math.isinf(value):
+                    self.study.tell(trial, state=TrialState.PRUNED)
+                elif value is None:
                     self.study.tell(trial, state=TrialState.FAIL)
                 else:
                     self.study.tell(trial, value)
                 continue
             self._seen[key] = math.nan  # claimed: in flight
+            self._stall = 0
             return trial, config
         return None
 
@@ -224,6 +281,27 @@ class Search:
         else:
             self._seen[key] = None
             self.study.tell(trial, state=TrialState.FAIL)
+
+    def cheap(self, trial: optuna.trial.Trial, config: Mapping[str, Any],
+              result: TrialResult) -> bool:
+        """Multi-fidelity: report a cheap measurement as step 0; True when the pruner stops
+        the trial there (it is then told PRUNED, status ``cut``), False when it goes on to
+        the full measurement. A failed cheap pass is the trial's result (failed)."""
+        if result.ok:
+            result = self._require_accuracy(result)
+        if not result.ok:
+            self.tell(trial, config, result)
+            return True
+        trial.report(result.latency_ms, 0)
+        if not trial.should_prune():
+            return False
+        trial.set_user_attr(ATTR_STATUS, "cut")
+        trial.set_user_attr(ATTR_REASON, f"cheap pass {result.latency_ms:.4g} ms: pruned "
+                            f"by the {self.settings.pruner} pruner")
+        trial.set_user_attr("cheap_ms", result.latency_ms)
+        self._seen[config_key(config)] = math.inf
+        self.study.tell(trial, state=TrialState.PRUNED)
+        return True
 
     def _require_accuracy(self, result: TrialResult) -> TrialResult:
         """The experiment's accuracy requirement: a fast but less accurate config fails."""
@@ -268,7 +346,7 @@ class Search:
                 if res.get("latency_ms") is not None}
 
     def counts(self) -> dict[str, int]:
-        out = {"measured": 0, "failed": 0, "pruned": 0, "duplicate": 0}
+        out = {"measured": 0, "failed": 0, "pruned": 0, "cut": 0, "duplicate": 0}
         for t in self.study.get_trials(deepcopy=False):
             status = t.user_attrs.get(ATTR_STATUS)
             if status in out:

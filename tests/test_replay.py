@@ -323,3 +323,56 @@ def test_a_cut_sweep_replays_over_its_measured_sub_grid() -> None:
     assert trace.best_ms == cut.optimum_ms  # every runnable recorded config was reached
     assert trace.steps[-1].total_cost_s == pytest.approx(
         sum(r["cost_s"] for r in keep if r["status"] != "pruned"))
+
+
+# -- multi-fidelity ---------------------------------------------------------------------
+
+
+def _mf_table() -> rp.Table:
+    """Four configs, each 1 s to compile and 10 s to time in full, no noise."""
+    trials = [{"config": {"X": x}, "status": "ok", "median_ms": ms, "p20_ms": ms, "p80_ms": ms,
+               "compile_s": 1.0, "timing_s": 10.0, "cost_s": 11.0}
+              for x, ms in enumerate((2.0, 1.5, 5.0, 1.0))]
+    return rp.Table({"format": rp.FORMAT, "kernel": "mf", "shape": {"n": 1}, "dtype": "fp32",
+                     "hardware": "H100", "space": {"X": [0, 1, 2, 3]}, "trials": trials})
+
+
+def test_multi_fidelity_cuts_clearly_bad_configs_after_the_cheap_pass() -> None:
+    t = _mf_table()
+    order = [{"X": x} for x in range(4)]
+    full = rp.metrics(rp.replay(t, "random", 0, warm_start=False, enqueue=order), t)
+    assert full["cost_to_target_s"] == 44.0 and full["cut"] == 0
+    trace = rp.replay(t, "random", 0, warm_start=False, enqueue=order, fidelity=0.1,
+                      prune_startup=1)
+    m = rp.metrics(trace, t)
+    # X=0 and X=1: cheap (1 + 1 s) then full (10 s more); X=2: 5.0 ms > 1.5 x 1.1, cut
+    # after its cheap pass (2 s); X=3: cheap then full, the optimum.
+    assert [s.status for s in trace.steps] == ["ok", "ok", "cut", "ok"]
+    assert [s.cost_s for s in trace.steps] == [12.0, 12.0, 2.0, 12.0]
+    assert m["trials_to_target"] == 4 and m["cost_to_target_s"] == 38.0 and m["cut"] == 1
+    # A pruner that never fires only adds the cheap timings.
+    never = rp.replay(t, "random", 0, warm_start=False, enqueue=order, fidelity=0.1,
+                      prune_margin=100.0, prune_startup=1)
+    assert rp.metrics(never, t)["cost_to_target_s"] == 48.0
+
+
+def test_cheap_pass_is_seeded_and_within_the_recorded_spread() -> None:
+    rec = {"config": {"X": 1}, "median_ms": 1.0, "p20_ms": 0.9, "p80_ms": 1.2,
+           "compile_s": 2.0, "timing_s": 4.0, "cost_s": 6.0}
+    values = {rp.cheap_pass(rec, 0.25, seed)[0] for seed in range(20)}
+    assert len(values) > 1 and all(0.9 <= v <= 1.2 for v in values)
+    assert rp.cheap_pass(rec, 0.25, 3) == rp.cheap_pass(rec, 0.25, 3)
+    assert rp.cheap_pass(rec, 0.25, 3)[1] == 2.0 + 1.0
+
+
+@pytest.mark.skipif(not (DATA / "H200" / "matmul__M8192_N8192_K8192__bf16.json").is_file(),
+                    reason="no recorded matmul sweep")
+def test_multi_fidelity_saves_gpu_time_on_the_recorded_matmul() -> None:
+    t = rp.Table.load(DATA / "H200" / "matmul__M8192_N8192_K8192__bf16.json")
+
+    def frac(**kw) -> float:
+        fr = [rp.metrics(rp.replay(t, "tpe", seed, in_flight=2, **kw), t)["cost_fraction"]
+              for seed in range(5)]
+        return sorted(math.inf if f is None else f for f in fr)[2]
+
+    assert frac(fidelity=0.1) < 0.8 * frac()

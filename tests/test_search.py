@@ -40,6 +40,8 @@ def test_static_pruning_never_hands_out_invalid_configs():
         trial, config = asked
         handed.append(config)
         s.tell(trial, config, TrialResult(ok=True, latency_ms=1.0, max_abs_err=0, max_rel_err=0))
-    # num_stages=9 at these tiles needs far more shared memory than an H100 has.
-    assert handed and all(c["num_stages"] == 3 for c in handed)
-    assert s.pruned >= 1
+    # num_stages=9 with BLOCK_M=128 needs more shared memory than an H100 has; the three
+    # other configs all run (pruned counts distinct configs, so none of them is lost).
+    assert sorted((c["BLOCK_M"], c["num_stages"]) for c in handed) == [(64, 3), (64, 9),
+                                                                        (128, 3)]
+    assert s.pruned == 1

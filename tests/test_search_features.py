@@ -1,0 +1,81 @@
+"""Search features of issue 7 that need no GPU: distinct pruned configs, the stall stop,
+the multi-fidelity cut, and (through local Ray and the Triton interpreter) the live
+cheap-then-full measurement."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState
+
+from harness.experiment import SearchSettings, StudySpec
+from harness.hardware import spec_for_key
+from harness.measure import TrialResult
+from harness.search import ATTR_STATUS, Search, ThresholdPruner
+
+SHAPE = {"M": 4096, "N": 1408, "K": 2048, "E": 64}
+SPACE = {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64], "num_stages": [3, 9]}
+
+
+def _search(sampler: optuna.samplers.BaseSampler | None = None, **settings) -> Search:
+    spec = StudySpec("t", "grouped_gemm", SHAPE, "bf16", "H100")
+    s = Search(spec, SPACE, spec_for_key("H100"),
+               SearchSettings(trials=4, warm_start=False, seed_from_packs=False, **settings),
+               optuna.storages.InMemoryStorage(), seed=0, n_parallel=1)
+    if sampler is not None:
+        s.study.sampler = sampler
+    return s
+
+
+def _ok(ms: float) -> TrialResult:
+    return TrialResult(ok=True, latency_ms=ms, max_abs_err=0, max_rel_err=0)
+
+
+class _Stuck(optuna.samplers.BaseSampler):
+    """Always proposes the same (statically pruned) config, as GP can."""
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, name, distribution):
+        return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 9}[name]
+
+
+def test_pruned_counts_distinct_configs_and_a_stuck_sampler_stops() -> None:
+    s = _search(_Stuck(), max_stalled_asks=5)
+    assert s.ask() is None
+    # Six asks of the same pruned config: one distinct pruned config, and a stop.
+    assert s.pruned == 1 and s.stalled and s.done()
+    assert sum(t.state == TrialState.PRUNED for t in s.study.trials) == 5
+    assert "stalled" in s.attr("stopped")
+
+
+def test_cheap_pass_cuts_a_clearly_slow_config() -> None:
+    s = _search(pruner="threshold", prune_startup_trials=1, prune_margin=0.1)
+    trial, config = s.ask()
+    assert not s.cheap(trial, config, _ok(1.0))  # nothing to compare with: goes on
+    s.tell(trial, config, _ok(1.0))
+    trial, config = s.ask()
+    assert s.cheap(trial, config, _ok(1.5))  # 50 % slower than the best: cut
+    t = s.study.trials[trial.number]
+    assert t.state == TrialState.PRUNED and t.user_attrs[ATTR_STATUS] == "cut"
+    assert s.counts()["cut"] == 1 and s.measured == 2
+    assert s.best()[1]["latency_ms"] == 1.0  # a cut trial never wins
+
+
+def test_threshold_pruner_waits_for_startup_trials() -> None:
+    study = optuna.create_study(pruner=ThresholdPruner(0.1, n_startup_trials=2))
+    t = study.ask()
+    study.tell(t, 1.0)
+    t = study.ask()
+    t.report(5.0, 0)
+    assert not t.should_prune()  # one complete trial < 2
+    study.tell(t, 5.0)
+    t = study.ask()
+    t.report(1.05, 0)
+    assert not t.should_prune()  # within 10 % of the best
+    t = study.ask()
+    t.report(1.2, 0)
+    assert t.should_prune()
