@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from dataclasses import replace as _replace
 from typing import Any
 
 import ray
@@ -315,7 +316,7 @@ class Worker:
             self._tasks[seq] = (method, args)
             self._cv.notify_all()
         if method == "measure" and self.pre is not None:
-            kernel, shape, dtype, config, seed = args
+            kernel, shape, dtype, config, seed = args[:5]
             self._hint(kernel, shape, dtype, seed, [config])
 
     @ray.method(concurrency_group="results")
@@ -357,14 +358,22 @@ class Worker:
             self._peaks = device_peaks(self.spec)
         return self._peaks
 
-    def _measure(self, kernel: str, shape: dict, dtype: str, config: dict, seed: int) -> dict:
+    def _measure(self, kernel: str, shape: dict, dtype: str, config: dict, seed: int,
+                 timing: dict | None = None) -> dict:
+        """``timing``: this task's own do_bench budgets (multi-fidelity's cheap pass)."""
         from harness import kernel_api
 
         fam = kernel_api.get(kernel)
         t_wait = time.perf_counter()
         pre = self._problem_loaded(kernel, fam, shape, dtype, seed, config)
         wait_s = time.perf_counter() - t_wait
-        res = self.measurer.measure(fam, shape, dtype, config, seed, peaks=self.peaks())
+        full = self.measurer.timing
+        if timing:
+            self.measurer.timing = _replace(full, **timing)
+        try:
+            res = self.measurer.measure(fam, shape, dtype, config, seed, peaks=self.peaks())
+        finally:
+            self.measurer.timing = full
         res.extra["setup_s"] = wait_s  # inputs built, waited on the ahead-of-time compile
         if res.fatal:
             self.poisoned = f"the device context was poisoned by an earlier trial ({res.reason})"

@@ -51,6 +51,7 @@ class StudyState:
     best_ms: float = math.inf
     candidates: list[remeasure.Candidate] = field(default_factory=list)  # re-measured top k
     final: tuple[dict[str, Any], str] | None = None  # (winner config, why) after re-measuring
+    full: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # past the cheap pass
 
 
 @dataclass
@@ -184,9 +185,9 @@ def _log_trial(tracker: Tracker, trial_log: Path, st: StudyState, number: int,
     else:
         tracker.start_run(f"trial-{number}", {}, resume=run_id)
     metrics = {k: result.get(k) for k in TRIAL_METRICS}
-    metrics["failed"] = 0.0 if status == "measured" else 1.0
+    metrics["failed"] = 1.0 if status == "failed" else 0.0
     tracker.log(run_id, params=config, metrics=metrics)
-    tracker.finish(run_id, ok=status == "measured")
+    tracker.finish(run_id, ok=status != "failed")
     if status == "measured":
         tracker.log(st.run_id, metrics={"trial_latency_ms": result.get("latency_ms")},
                     step=number)
@@ -586,11 +587,20 @@ def _study_task(st: StudyState, hw: str) -> Task | None:
     if st.want_compile and st.compiled is None and "compile" not in st.pending:
         st.pending.add("compile")
         return Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, True), ("compile", st))
+    if st.full:  # configs the pruner let through their cheap pass: now in full
+        trial, config = st.full.pop(0)
+        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
+                    ("trial", st, trial, config))
     asked = st.search.ask(st.in_flight)
     if asked is None:
         return None
     trial, config = asked
     st.in_flight += 1
+    settings = st.search.settings
+    if settings.pruner != "none":  # multi-fidelity: a cheap pass first
+        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0,
+                                    {"rep_ms": settings.cheap_rep_ms}),
+                    ("cheap", st, trial, config))
     return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
                 ("trial", st, trial, config))
 
@@ -606,8 +616,18 @@ def _handle(task: Task, result: TrialResult, tracker: Tracker, bg: _Background,
                 params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
         return
     _, st, trial, config = task.tag
+    if kind == "cheap":
+        if not st.search.cheap(trial, config, result):
+            st.full.append((trial, config))  # may win: measured in full next
+            return
+        if result.ok:  # cut by the pruner after its cheap pass
+            st.in_flight -= 1
+            bg.call(_log_trial, tracker, trial_log, st, trial.number, dict(config),
+                    result.to_dict(), "cut")
+            return
+    else:
+        st.search.tell(trial, config, result)  # Optuna first: it is what --resume trusts
     st.in_flight -= 1
-    st.search.tell(trial, config, result)  # Optuna first: it is what --resume trusts
     status = "measured" if result.ok else "failed"
     if result.ok:
         st.best_ms = min(st.best_ms, result.latency_ms)

@@ -4,13 +4,24 @@ cheap-then-full measurement."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import optuna
+import pytest
+import yaml
 from optuna.trial import TrialState
 
 from harness.experiment import SearchSettings, StudySpec
 from harness.hardware import spec_for_key
 from harness.measure import TrialResult
 from harness.search import ATTR_STATUS, Search, ThresholdPruner
+from tests.fault_kernels import read_events
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SHAPE = {"M": 4096, "N": 1408, "K": 2048, "E": 64}
 SPACE = {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64], "num_stages": [3, 9]}
@@ -79,3 +90,41 @@ def test_threshold_pruner_waits_for_startup_trials() -> None:
     t = study.ask()
     t.report(1.2, 0)
     assert t.should_prune()
+
+
+@pytest.mark.slow
+def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path) -> None:
+    """Live multi-fidelity: the default config (no sleep) is measured in full first;
+    every config that sleeps 40 ms or more is then stopped after its cheap pass."""
+    events = tmp_path / "events"
+    events.mkdir()
+    exp = {
+        "name": "fidelity", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
+        "dtypes": ["fp32"],
+        "search": {"sampler": "grid", "trials": 4, "warm_start": True, "seed_from_packs": False,
+                   "remeasure_top_k": 0, "pruner": "threshold", "prune_startup_trials": 1,
+                   "prune_margin": 0.5, "cheap_rep_ms": 5},
+        "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": [0, 40, 80, 120]}},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0, "queue_depth": 1},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    env = {**os.environ, "FAULT_DIR": str(events),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    env.pop("TRITON_INTERPRET", None)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (row,) = json.loads(proc.stdout)["rows"]
+    assert row["params"]["SLEEP_MS"] == 0
+    assert row["counts"]["measured"] == 1 and row["counts"]["cut"] == 3, row["counts"]
+    launches: dict[int, int] = {}
+    for e in read_events(events):
+        if e["event"] == "launch":
+            launches[e["config"]["SLEEP_MS"]] = launches.get(e["config"]["SLEEP_MS"], 0) + 1
+    # One measurement each for the cut configs; the winner: baseline, cheap and full.
+    assert launches[40] == launches[80] == launches[120]
+    assert launches[0] == 3 * launches[40], launches
