@@ -39,17 +39,33 @@ sys.path.insert(0, str(ROOT))
 from harness import replay as rp  # noqa: E402
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp", "grid")
-VARIANTS = {"static-pruning": True, "no-pruning": False}
+#: Replay variants: static pruning is the harness; the others change one thing each.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "static-pruning": {},
+    "no-pruning": {"prune": False},
+    "multi-fidelity": {"fidelity": True},
+    "warm-start": {"seeded": True},
+    "warm-start+multi-fidelity": {"seeded": True, "fidelity": True},
+}
+#: Cheap pass of multi-fidelity: do_bench at 10 ms warm-up + 10 ms rep (search.cheap_rep_ms)
+#: against the full 25 + 100 ms: 16 % of the timing; the first launch is paid once.
+FIDELITY = 20 / 125
+#: GP is ~100x slower per ask than the others: fewer seeds, fewer variants (--slow-*).
+SLOW = ("gp",)
 GOAL_FRACTION = 0.10
 
 
-def _one(path: str, sampler: str, seed: int, prune: bool, in_flight: int, tol: float,
-         warm_start: bool) -> dict[str, Any]:
+def _one(path: str, sampler: str, seed: int, variant: str, in_flight: int, tol: float,
+         warm_start: bool, enqueue: list[dict[str, Any]], max_stall: int) -> dict[str, Any]:
     table = rp.Table.load(path)
+    v = VARIANTS[variant]
     t0 = time.perf_counter()
-    trace = rp.replay(table, sampler, seed, prune=prune, in_flight=in_flight, tol=tol,
-                      warm_start=warm_start)
+    trace = rp.replay(table, sampler, seed, prune=v.get("prune", True), in_flight=in_flight,
+                      tol=tol, warm_start=warm_start,
+                      enqueue=enqueue if v.get("seeded") else (),
+                      fidelity=FIDELITY if v.get("fidelity") else None, max_stall=max_stall)
     out = rp.metrics(trace, table, tol)
+    out["variant"] = variant
     out["wall_s"] = time.perf_counter() - t0
     return out
 
@@ -62,8 +78,12 @@ def _val(x: Any) -> float:
     return math.inf if x is None else float(x)
 
 
-def aggregate(runs: list[dict[str, Any]], cases: list[str]) -> dict[str, Any]:
-    """Per case the median over seeds, then the median over cases (unreached = inf)."""
+def aggregate(runs: list[dict[str, Any]], cases: list[str],
+              headline: list[str]) -> dict[str, Any] | None:
+    """Per case the median over seeds, then the median over the ``headline`` cases
+    (unreached = inf); ``per_case`` holds every case."""
+    if not runs:
+        return None
     per_case = {}
     for case in cases:
         rs = [r for r in runs if r["case"] == case]
@@ -75,62 +95,105 @@ def aggregate(runs: list[dict[str, Any]], cases: list[str]) -> dict[str, Any]:
             "fraction": _median([_val(r["cost_fraction"]) for r in rs]),
             "reached": sum(r["reached"] for r in rs),
             "runs": len(rs),
+            "cut": _median([r["cut"] for r in rs]),
         }
-    pc = list(per_case.values())
+    pc = [per_case[c] for c in headline if c in per_case]
     return {
         "median_trials": _median([c["trials"] for c in pc]),
         "median_cost_s": _median([c["cost_s"] for c in pc]),
         "median_fraction": _median([c["fraction"] for c in pc]),
+        "median_fraction_all": _median([c["fraction"] for c in per_case.values()]),
         "reached": sum(c["reached"] for c in pc),
         "runs": sum(c["runs"] for c in pc),
+        "seeds": max(c["runs"] for c in per_case.values()),
         # A sampler that keeps proposing configs it cannot learn from (GP ignores pruned
-        # and failed trials) measures nothing new; the harness would end its study there.
+        # and failed trials) measures nothing new; the harness ends its study there too
+        # (search.max_stalled_asks).
         "stalled": sum(r["stopped"] == "stalled" for r in runs),
         "wall_s": sum(r["wall_s"] for r in runs),
         "per_case": per_case,
     }
 
 
+def donor_seeds(table: rp.Table, others: list[rp.Table]) -> list[tuple[dict[str, Any], str]]:
+    """What the harness's warm start (``search.seed_from_packs``) would enqueue for
+    ``table`` if the other recorded cases of the same kernel and dtype (other shapes,
+    other hardware) were in the packs: their winners, where they are runnable points of
+    this case's grid; same hardware first, then by shape."""
+    out = []
+    hw = table.data["hardware"]
+    for o in sorted(others, key=lambda o: o.data["hardware"] != hw):
+        if o is table or (o.data["kernel"], o.data["dtype"]) != (table.data["kernel"],
+                                                                  table.data["dtype"]):
+            continue
+        point = {k: o.optimum.get(k) for k in table.space}
+        rec = table.lookup(point)
+        if rec is not None and rec["status"] != "pruned":
+            out.append((point, o.name))
+    return out
+
+
 def run_bench(paths: list[str], samplers: list[str], seeds: int, variants: list[str],
               in_flight: int = 2, tol: float = rp.DEFAULT_TOL, warm_start: bool = True,
-              jobs: int = 1) -> dict[str, Any]:
+              jobs: int = 1, slow_seeds: int = 2,
+              slow_variants: tuple[str, ...] = ("static-pruning",)) -> dict[str, Any]:
+    from harness.experiment import SearchSettings
+
+    max_stall = SearchSettings().max_stalled_asks
     tables = {p: rp.Table.load(p) for p in paths}
     cases = [t.name for t in tables.values()]
-    jobs_list = [(p, s, seed, VARIANTS[v], in_flight, tol, warm_start)
-                 for v in variants for s in samplers for p in paths for seed in range(seeds)]
+    headline = [t.name for t in tables.values() if t.complete]
+    donors = {p: donor_seeds(t, list(tables.values())) for p, t in tables.items()}
+    jobs_list = [(p, s, seed, v, in_flight, tol, warm_start, [c for c, _ in donors[p]],
+                  max_stall)
+                 for v in variants for s in samplers
+                 if s not in SLOW or v in slow_variants
+                 for p in paths
+                 for seed in range(min(seeds, slow_seeds) if s in SLOW else seeds)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as ex:
             results = list(ex.map(_one, *zip(*jobs_list, strict=True)))
     else:
         results = [_one(*j) for j in jobs_list]
     out: dict[str, Any] = {
-        "settings": {"samplers": samplers, "seeds": seeds, "variants": variants,
-                     "in_flight": in_flight, "tol": tol, "warm_start": warm_start},
-        "cases": [rp.summary(t, tol) for t in tables.values()],
+        "settings": {"samplers": samplers, "seeds": seeds, "slow_seeds": slow_seeds,
+                     "slow_samplers": list(SLOW), "slow_variants": list(slow_variants),
+                     "variants": variants, "in_flight": in_flight, "tol": tol,
+                     "warm_start": warm_start, "fidelity": FIDELITY,
+                     "max_stalled_asks": max_stall},
+        "cases": [{**rp.summary(t, tol), "donors": [w for _, w in donors[p]]}
+                  for p, t in tables.items()],
+        "headline_cases": headline,
         "results": {},
     }
     for v in variants:
         out["results"][v] = {
-            s: aggregate([r for r in results if r["sampler"] == s and r["prune"] == VARIANTS[v]],
-                         cases)
-            for s in samplers}
+            s: agg for s in samplers
+            if (agg := aggregate([r for r in results if r["sampler"] == s
+                                  and r["variant"] == v], cases, headline)) is not None}
     main_v = "static-pruning" if "static-pruning" in variants else variants[0]
-    ranked = sorted(samplers, key=lambda s: (out["results"][main_v][s]["median_fraction"],
-                                             out["results"][main_v][s]["median_trials"]))
     res = out["results"][main_v]
-    best = ranked[0]
-    frac = res[best]["median_fraction"]
-    out["best"] = {"sampler": best, "variant": main_v, "median_fraction": frac,
-                   "median_trials": res[best]["median_trials"],
-                   "reached": res[best]["reached"], "runs": res[best]["runs"],
-                   "goal_fraction": GOAL_FRACTION, "goal_met": frac <= GOAL_FRACTION}
+    ranked = sorted(res, key=lambda s: (res[s]["median_fraction"], res[s]["median_trials"]))
+    out["ranking"] = ranked
+    out["best"] = _best(res, ranked[0], main_v)
     # The best of those that reached the target in every run: the safer default where
     # the overall best sometimes never gets there.
     always = [s for s in ranked if res[s]["reached"] == res[s]["runs"]]
-    out["best_always_reached"] = (
-        {"sampler": always[0], "median_fraction": res[always[0]]["median_fraction"],
-         "median_trials": res[always[0]]["median_trials"]} if always else None)
+    out["best_always_reached"] = _best(res, always[0], main_v) if always else None
+    combos = [(v, s) for v, r in out["results"].items() for s in r]
+    v, s = min(combos, key=lambda vs: (out["results"][vs[0]][vs[1]]["median_fraction"],
+                                       out["results"][vs[0]][vs[1]]["median_trials"]))
+    out["best_overall"] = _best(out["results"][v], s, v)
     return out
+
+
+def _best(res: dict[str, Any], sampler: str, variant: str) -> dict[str, Any]:
+    a = res[sampler]
+    frac = a["median_fraction"]
+    return {"sampler": sampler, "variant": variant, "median_fraction": frac,
+            "median_trials": a["median_trials"], "reached": a["reached"], "runs": a["runs"],
+            "goal_fraction": GOAL_FRACTION, "goal_met": frac <= GOAL_FRACTION,
+            "miss": frac - GOAL_FRACTION}
 
 
 # -- rendering ----------------------------------------------------------------------------
@@ -142,62 +205,111 @@ def _f(x: Any, spec: str) -> str:
     return format(x, spec)
 
 
+def _cell(a: dict[str, Any] | None) -> str:
+    if a is None:
+        return "not run"
+    return (f"{_f(a['median_trials'], '.0f')} / {_f(a['median_fraction'], '.1%')} "
+            f"({a['reached']}/{a['runs']})")
+
+
 def render(report: dict[str, Any]) -> str:
     st = report["settings"]
     tol = st["tol"]
+    res = report["results"]
+    variants = list(res)
+    samplers = st["samplers"]
+    head = report["headline_cases"]
     lines = [
         "# Replay benchmark",
         "",
         f"Samplers replayed against recorded exhaustive sweeps (`python "
-        f"benchmarks/replay_bench.py`): {st['seeds']} seeds per case, {st['in_flight']} "
-        f"config(s) in flight, warm start {'on' if st['warm_start'] else 'off'}. Target: "
-        f"within {tol:.0%} of the grid optimum. Medians over cases of each case's median "
-        "over seeds; GPU time as recorded per trial (timing + first launch).",
+        f"benchmarks/replay_bench.py`): {st['seeds']} seeds per case ({st['slow_seeds']} for "
+        f"{', '.join(st['slow_samplers'])}, run in {', '.join(st['slow_variants'])} only), "
+        f"{st['in_flight']} config(s) in flight, the kernel's default config first "
+        f"{'on' if st['warm_start'] else 'off'}. Target: within {tol:.0%} of the grid "
+        "optimum. Medians over the complete cases of each case's median over seeds; GPU time "
+        "as recorded per trial (timing + first launch). Sweeps cut short are replayed over "
+        "the sub-grid they measured, listed as such and left out of the medians.",
+        "",
+        "Variants: **static-pruning** is the harness (configs that cannot run are rejected "
+        "on the driver at no GPU cost); **no-pruning** launches them too (each costs a typical "
+        "config; compared with the unpruned grid); **multi-fidelity** times each config "
+        f"cheaply first ({st['fidelity']:.0%} of the full timing plus its first launch; "
+        "latency drawn within the recorded p20-p80) and in full only if the threshold pruner "
+        "(cheap > best x 1.1, after 4 complete trials) lets it through; **warm-start** first "
+        "tries the winners of the other recorded cases of the same kernel (other shape, other "
+        "hardware: what `search.seed_from_packs` enqueues from the packs).",
         "",
         "## Cases",
         "",
-        "| case | device | grid | ok / failed / pruned | optimum ms | configs within "
-        f"{tol:.0%} | random needs (expected) | grid GPU s | pruning saves |",
+        "| case | grid | ok / failed / pruned | optimum ms | configs within "
+        f"{tol:.0%} | random needs (expected) | grid GPU s | pruning saves | warm start from |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in report["cases"]:
         lines.append(
-            f"| {c['case']} | {c['device_name'] or '-'} | {c['grid']} | {c['ok']} / {c['failed']}"
-            f" / {c['pruned']} | {c['optimum_ms']:.4g} | {c['within_tol']} | "
-            f"{c['random_expected_trials']:.1f} | {c['grid_cost_s']:.1f} | "
-            f"{c['pruning_saving']:.0%} |")
-    for v, res in report["results"].items():
-        lines += ["", f"## {v}", "",
-                  f"| sampler | trials to {tol:.0%} | GPU s to {tol:.0%} | fraction of the grid's "
-                  "GPU time | reached (runs) | stalled |", "|---|---|---|---|---|---|"]
-        for s, a in res.items():
-            lines.append(f"| {s} | {_f(a['median_trials'], '.1f')} | "
-                         f"{_f(a['median_cost_s'], '.3g')} | {_f(a['median_fraction'], '.1%')} |"
-                         f" {a['reached']}/{a['runs']} | {a['stalled']} |")
-        lines += ["", "Per case (median over seeds: trials / fraction):", "",
-                  "| case | " + " | ".join(res) + " |", "|---|" + "---|" * len(res)]
-        for case in (c["case"] for c in report["cases"]):
+            f"| {c['case']} | {c['grid']} | {c['ok']} / {c['failed']} / {c['pruned']} | "
+            f"{c['optimum_ms']:.4g} | {c['within_tol']} | {c['random_expected_trials']:.1f} | "
+            f"{c['grid_cost_s']:.1f} | {c['pruning_saving']:.0%} | "
+            f"{'; '.join(c['donors']) or '-'} |")
+    lines += ["", f"## Summary: trials / fraction of the grid's GPU time to {tol:.0%} "
+              f"(runs that reached it), median over the {len(head)} complete cases", "",
+              "| sampler | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for s in samplers:
+        lines.append(f"| {s} | " + " | ".join(_cell(res[v].get(s)) for v in variants) + " |")
+    lines += ["", "Median fraction including the sub-grids of the cut sweeps:", "",
+              "| sampler | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for s in samplers:
+        lines.append(f"| {s} | " + " | ".join(
+            _f(res[v][s]["median_fraction_all"], ".1%") if s in res[v] else "not run"
+            for v in variants) + " |")
+    stalled = {s: sum(res[v][s]["stalled"] for v in variants if s in res[v]) for s in samplers}
+    if any(stalled.values()):
+        lines += ["", "Runs ended by the stall stop (`search.max_stalled_asks` = "
+                  f"{st['max_stalled_asks']} asks in a row without a new config): " + ", ".join(
+                      f"{s} {n}" for s, n in stalled.items() if n) + "."]
+    for v in variants:
+        lines += ["", f"### {v}, per case (median over seeds: trials / fraction)", "",
+                  "| case | " + " | ".join(s for s in samplers if s in res[v]) + " |",
+                  "|---|" + "---|" * sum(s in res[v] for s in samplers)]
+        for c in report["cases"]:
             cells = []
-            for a in res.values():
-                pc = a["per_case"].get(case)
+            for s in samplers:
+                if s not in res[v]:
+                    continue
+                pc = res[v][s]["per_case"].get(c["case"])
                 cells.append(f"{_f(pc['trials'], '.0f')} / {_f(pc['fraction'], '.1%')}"
                              if pc else "-")
-            lines.append(f"| {case} | " + " | ".join(cells) + " |")
-    b = report["best"]
-    lines += ["", f"**Best ({b['variant']}): {b['sampler']}**, median "
-              f"{_f(b['median_trials'], '.1f')} trials and {_f(b['median_fraction'], '.1%')} "
-              "of the grid's GPU time to come "
-              f"within {tol:.0%} of the grid optimum; goal <= {b['goal_fraction']:.0%}: "
-              f"{'met' if b['goal_met'] else 'NOT met'}. It reached the target in "
-              f"{b['reached']}/{b['runs']} runs."]
+            lines.append(f"| {c['case']} | " + " | ".join(cells) + " |")
+    b, o = report["best"], report["best_overall"]
+    lines += ["", "## Verdict", "",
+              f"Best sampler with the harness as it was (static pruning): **{b['sampler']}**, "
+              f"median {_f(b['median_trials'], '.1f')} trials and "
+              f"{_f(b['median_fraction'], '.1%')} of the grid's GPU time "
+              f"({b['reached']}/{b['runs']} runs reached the target).",
+              "",
+              f"Best combination: **{o['sampler']} with {o['variant']}**, median "
+              f"{_f(o['median_trials'], '.1f')} trials and {_f(o['median_fraction'], '.1%')} "
+              f"of the grid's GPU time ({o['reached']}/{o['runs']} runs)."]
+    goal = (f"Goal (within {tol:.0%} of the grid optimum in <= {o['goal_fraction']:.0%} of "
+            "the grid's GPU time, median over cases): ")
+    if o["goal_met"]:
+        lines += ["", goal + f"**met** by {o['sampler']} with {o['variant']} "
+                  f"({-o['miss']:.1%} to spare)."]
+    else:
+        lines += ["", goal + f"**NOT met**: the best combination misses by "
+                  f"{o['miss']:.1%} of the grid's GPU time."]
     safe = report.get("best_always_reached")
     if safe and safe["sampler"] != b["sampler"]:
-        lines += ["", f"Best of the samplers that reached the target in every run: "
-                  f"**{safe['sampler']}**, median {_f(safe['median_trials'], '.1f')} trials and "
-                  f"{_f(safe['median_fraction'], '.1%')} of the grid's GPU time."]
-    if "cmaes" in st["samplers"]:
+        lines += ["", f"Best of the samplers that reached the target in every run (static "
+                  f"pruning): **{safe['sampler']}**, median "
+                  f"{_f(safe['median_trials'], '.1f')} trials and "
+                  f"{_f(safe['median_fraction'], '.1%')}."]
+    if "cmaes" in samplers:
         lines += ["", "cmaes samples categorical tunables (all of the harness's) with its "
-                  "independent sampler, i.e. at random: it matches random seed for seed."]
+                  "independent sampler, i.e. at random: it matches random seed for seed. "
+                  "grid is the grid in a seeded random order, i.e. random without "
+                  "replacement."]
     lines.append("")
     return "\n".join(lines)
 
@@ -224,15 +336,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="configs in flight (the harness's default queue_depth on one GPU)")
     p.add_argument("--tol", type=float, default=rp.DEFAULT_TOL)
     p.add_argument("--no-warm-start", action="store_true")
-    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--slow-seeds", type=int, default=2, help="seeds for gp (slow)")
+    p.add_argument("--slow-variants", nargs="+", default=["static-pruning"],
+                   choices=list(VARIANTS), help="the variants gp runs in")
+    p.add_argument("--complete-only", action="store_true",
+                   help="leave out the sweeps that were cut short")
     args = p.parse_args(argv)
 
-    tables = rp.load_tables(args.data)
+    # Sweeps cut short are replayed over the sub-grid they measured (named so).
+    tables = rp.load_tables(args.data, complete_only=args.complete_only)
     if not tables:
-        print(f"no complete recorded tables under {args.data}", file=sys.stderr)
+        print(f"no recorded tables under {args.data}", file=sys.stderr)
         return 1
     report = run_bench([t.path for t in tables], args.samplers, args.seeds, args.variants,
-                       args.in_flight, args.tol, not args.no_warm_start, args.jobs)
+                       args.in_flight, args.tol, not args.no_warm_start, args.jobs,
+                       args.slow_seeds, tuple(args.slow_variants))
     out = Path(args.out or args.data)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
@@ -241,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     b = report["best"]
     print(f"the default the replay shows to be best: {b['sampler']} "
-          f"({_f(b['median_fraction'], '.1%')} of the grid's GPU time, median over cases)")
+          f"({_f(b['median_fraction'], '.1%')} of the grid's GPU time, median over cases)",
+          file=sys.stderr)
     return 0
 
 

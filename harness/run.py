@@ -599,7 +599,8 @@ def _study_task(st: StudyState, hw: str) -> Task | None:
     settings = st.search.settings
     if settings.pruner != "none":  # multi-fidelity: a cheap pass first
         return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0,
-                                    {"rep_ms": settings.cheap_rep_ms}),
+                                    {"rep_ms": settings.cheap_rep_ms,
+                                     "warmup_ms": settings.cheap_rep_ms}),
                     ("cheap", st, trial, config))
     return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
                 ("trial", st, trial, config))
