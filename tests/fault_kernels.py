@@ -178,3 +178,16 @@ class Faulty(Kernel):
 
     def tolerance(self, dtype: str, config: Config) -> Tolerance:
         return Tolerance(1e-2, 1e-2)
+
+
+def cli_env(events: str | os.PathLike) -> dict[str, str]:
+    """The environment of a `python -m harness` subprocess driving the Faulty kernel: its
+    events go to ``events``, the tests package is importable, and the worker decides about
+    the interpreter and Ray for itself (no inherited TRITON_INTERPRET or RAY_ADDRESS)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FAULT_DIR": str(events),
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    env.pop("TRITON_INTERPRET", None)
+    env.pop("RAY_ADDRESS", None)
+    return env
+

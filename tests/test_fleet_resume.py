@@ -18,21 +18,13 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests.fault_kernels import cli_env
+
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 FAULTY = "tests.fault_kernels:Faulty"
 STUDY = f"resume/{FAULTY}/N=256/fp32/cpu"
 SLEEPS = list(range(300, 310))  # ten configs, ~1 s each (three launches per trial)
-
-
-def _env(events: Path) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FAULT_DIR": str(events),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                         if p)}
-    env.pop("TRITON_INTERPRET", None)  # the worker decides for itself
-    env.pop("RAY_ADDRESS", None)  # its own local Ray, as on a laptop
-    return env
 
 
 def _snapshot(storage: str) -> dict[int, dict]:
@@ -86,7 +78,7 @@ def test_driver_killed_and_resumed(tmp_path: Path) -> None:
 
     # 1. Run, and SIGKILL the driver once a few trials have finished.
     with open(tmp_path / "first.log", "w") as log:
-        proc = subprocess.Popen(cmd + ["--quiet"], cwd=tmp_path, env=_env(events),
+        proc = subprocess.Popen(cmd + ["--quiet"], cwd=tmp_path, env=cli_env(events),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 240
@@ -110,7 +102,7 @@ def test_driver_killed_and_resumed(tmp_path: Path) -> None:
     assert len(_measured(before)) >= 3 and len(_measured(before)) < len(SLEEPS)
 
     # 2. Resume.
-    proc = subprocess.run(cmd + ["--resume", "--json"], cwd=tmp_path, env=_env(events),
+    proc = subprocess.run(cmd + ["--resume", "--json"], cwd=tmp_path, env=cli_env(events),
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)

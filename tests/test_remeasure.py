@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import yaml
 from harness import packs, remeasure
 from harness.remeasure import Candidate
 from harness.search import config_key
-from tests.fault_kernels import read_events
+from tests.fault_kernels import cli_env, read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,13 +64,9 @@ def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path) -> None:
         "fleet": {"compile_workers": 0, "queue_depth": 1},
     }
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
-    env = {**os.environ, "FAULT_DIR": str(events),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                         if p)}
-    env.pop("TRITON_INTERPRET", None)
-    env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, env=cli_env(events), capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (row,) = json.loads(proc.stdout)["rows"]
     assert row["params"]["SLEEP_MS"] == 0 and "median" in row["winner_reason"]

@@ -5,7 +5,6 @@ cheap-then-full measurement."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from harness.experiment import SearchSettings, StudySpec
 from harness.hardware import spec_for_key
 from harness.measure import TrialResult
 from harness.search import ATTR_STATUS, Search, ThresholdPruner
-from tests.fault_kernels import read_events
+from tests.fault_kernels import cli_env, read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,13 +109,9 @@ def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path) -> None:
         "fleet": {"compile_workers": 0, "queue_depth": 1},
     }
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
-    env = {**os.environ, "FAULT_DIR": str(events),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                         if p)}
-    env.pop("TRITON_INTERPRET", None)
-    env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, env=cli_env(events), capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (row,) = json.loads(proc.stdout)["rows"]
     assert row["params"]["SLEEP_MS"] == 0
