@@ -81,7 +81,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "tracking_uri": summary.tracking_uri, "wall_s": summary.wall_s,
             "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
             "timing_fraction": summary.timing_fraction, "overhead_s": summary.overhead,
-            "timeline_s": summary.timeline,
+            "timeline_s": summary.timeline, "first_calls": summary.first_calls,
             "workers_replaced": summary.replaced, "trials_retried": summary.retried,
             "events": summary.events,
             "resumed": summary.resumed,
@@ -102,6 +102,11 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         if summary.overhead:
             parts = ", ".join(f"{k} {v:.1f} s" for k, v in summary.overhead.items() if v >= 0.05)
             out.print(f"GPU-held time by phase: {parts}")
+        fc = summary.first_calls
+        if fc.get("watched"):
+            out.print(f"first launches: {fc['watched'] - fc['compiled_in_worker']} of "
+                      f"{fc['watched']} loaded a compiled binary, {fc['compiled_in_worker']} "
+                      f"compiled in the worker ({fc['ahead_missed']} despite compile-ahead)")
         for event in summary.events:
             out.print(f"fleet: {event}")
         out.print(f"MLflow: {summary.tracking_uri} (parent run {summary.parent_run_id}); "

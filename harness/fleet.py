@@ -94,6 +94,39 @@ def _config_key(config: Mapping[str, Any]) -> str:
 _CHILD: dict[str, Any] = {}  # problem -> inputs a compile child built (the last two)
 
 
+def pin_triton_cache_dir() -> str:
+    """Fix Triton's on-disk cache directory for this process and the children it starts.
+
+    torch.compile (Inductor) points ``TRITON_CACHE_DIR`` at a directory of its own the
+    first time it runs a Triton kernel, unless the variable is set: after a torch.compile
+    baseline, a worker would look for its binaries where its compile children never
+    wrote them, and compile every config again itself (seen on an H200: 0.3-1.5 s per
+    grouped-GEMM trial)."""
+    path = os.environ.get("TRITON_CACHE_DIR")
+    if not path:
+        # Triton's own default, spelled out: importing triton here, before the worker
+        # has decided about TRITON_INTERPRET, would fix the interpreter choice too early.
+        home = os.environ.get("TRITON_HOME") or os.path.expanduser("~/")
+        path = os.path.join(home, ".triton", "cache")
+        os.environ["TRITON_CACHE_DIR"] = path
+    return path
+
+
+def _pool_context() -> Any:
+    """forkserver where the platform has it: one server process imports torch and Triton
+    once and each child is forked from it, ready in a fraction of a second, where 14
+    spawned children importing torch at once took 6 s on a 16-core H200 box
+    (benchmarks/device/diag_startup.py). The server is a fresh process, so, as with spawn,
+    no child inherits the worker's CUDA context."""
+    import multiprocessing
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "triton", "harness.kernel_api"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
 def _warm_child() -> int:
     """Import what compiling needs and open the device, before the first config comes."""
     import importlib
@@ -102,8 +135,14 @@ def _warm_child() -> int:
 
     for name in ("triton", "harness.kernel_api"):
         importlib.import_module(name)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not hardware.interpreted():
         torch.cuda.init()
+        try:
+            from harness import _compile_warmup
+
+            _compile_warmup.compile_once()
+        except Exception as exc:  # only a warm-up: the first config pays instead
+            log.warning("compile warm-up failed: %s", exc)
     return os.getpid()
 
 
@@ -152,11 +191,7 @@ class Precompiler:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            import multiprocessing
-
-            # spawn: the parent holds a CUDA context, which a fork must not inherit.
-            self._pool = ProcessPoolExecutor(self.processes,
-                                             mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(self.processes, mp_context=_pool_context())
         return self._pool
 
     def start(self) -> None:
@@ -216,17 +251,26 @@ class Precompiler:
             self._reset()
 
 
-def precompile_enabled() -> bool:
-    """Compiling ahead needs a real compiler; ``HARNESS_PRECOMPILE=force`` turns it on
-    under the interpreter too (the plumbing's tests), ``off`` turns it off."""
+def precompile_enabled(has_gpu: bool | None = None) -> bool:
+    """Compiling ahead needs a real compiler, so a GPU (``has_gpu``; by default: not under
+    the interpreter); ``HARNESS_PRECOMPILE=force`` turns it on under the interpreter too
+    (the plumbing's tests), ``off`` turns it off."""
     mode = os.environ.get("HARNESS_PRECOMPILE", "")
     if mode == "off":
         return False
-    return mode == "force" or not hardware.interpreted()
+    if mode == "force":
+        return True
+    return has_gpu if has_gpu is not None else not hardware.interpreted()
 
 
 def _finite(x: float | None) -> float:
     return x if isinstance(x, (int, float)) and x == x and abs(x) != float("inf") else 0.0
+
+
+def _gpu_device_nodes() -> bool:
+    """Whether this machine has an NVIDIA or AMD GPU device node: known before torch is
+    imported, unlike torch.cuda.is_available(). Ray's simulated GPUs (tests) have none."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
 
 
 def _auto_compile_workers() -> int:
@@ -256,30 +300,37 @@ class Worker:
 
     def __init__(self, hardware_key: str, timing: dict[str, float],
                  compile_workers: int | str = 0):
+        ctx = ray.get_runtime_context()
+        gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
+        # The compile children start first, so that their start-up overlaps this
+        # process's own (importing torch alone takes ~4 s): a worker given a GPU by Ray
+        # compiles ahead; one without runs Triton's interpreter and only does so when
+        # forced (the plumbing's tests).
+        pin_triton_cache_dir()
+        if compile_workers == "auto":
+            compile_workers = _auto_compile_workers()
+        self.pre: Precompiler | None = None
+        if gpu_ids and _gpu_device_nodes():
+            self._start_precompiler(int(compile_workers), True)
         import torch
 
         if not torch.cuda.is_available():
-            # Before any kernel module is imported, so its @triton.jit is interpreted.
+            # Before any kernel module is imported, so its @triton.jit is interpreted
+            # (and before compile children are started, which inherit it).
             os.environ["TRITON_INTERPRET"] = "1"
+        self._start_precompiler(int(compile_workers), torch.cuda.is_available())
         self.expected = hardware_key
         self.spec = hardware.current_device()
         self.measurer = Measurer(Timing(**timing))
         self._peaks: dict[str, float] | None = None
         self.poisoned = ""  # why the device context cannot be trusted any more
-        if compile_workers == "auto":
-            compile_workers = _auto_compile_workers()
-        self.pre = (Precompiler(int(compile_workers))
-                    if int(compile_workers) > 0 and precompile_enabled() else None)
-        if self.pre is not None:
-            self.pre.start()
         self._skeletons: dict[str, Any] = {}  # problem -> skeleton of its inputs
         self._stash: dict[str, list[dict]] = {}  # problem -> configs hinted before it loaded
         self._hint_lock = threading.Lock()
-        ctx = ray.get_runtime_context()
         self.where = {
             "node_id": ctx.get_node_id(),
             "worker_hardware": hardware_key,
-            "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
+            "gpu_ids": gpu_ids,
             "device_name": self.spec.name,
             "pid": os.getpid(),
         }
@@ -288,6 +339,11 @@ class Worker:
         self._results: dict[int, dict] = {}
         self._next = 0
         threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
+
+    def _start_precompiler(self, processes: int, has_gpu: bool) -> None:
+        if self.pre is None and processes > 0 and precompile_enabled(has_gpu):
+            self.pre = Precompiler(processes)
+            self.pre.start()
 
     # -- the driver's interface ----------------------------------------------------------
     @ray.method(concurrency_group="control")
@@ -506,6 +562,9 @@ class Fleet:
         self.busy_s: dict[str, float] = {}  # worker-seconds spent on tasks, per hardware
         self.timing_s: dict[str, float] = {}  # seconds inside the kernel timer, per hardware
         self.phases: dict[str, float] = {}  # worker seconds by what they went to (overhead)
+        # First launches of trials: how many compiled in the worker (compile-ahead missed
+        # or not used) rather than loading a binary; see measure.CompileWatch.
+        self.first_calls = {"watched": 0, "compiled_in_worker": 0, "ahead_missed": 0}
         self._held_closed = 0.0  # GPU-held seconds of workers already gone
         self._requeue: list[Task] = []  # tasks to send again (worker lost or replaced)
         self._requested = False  # an autoscaler request is outstanding
@@ -876,6 +935,12 @@ class Fleet:
         }
         for k, v in parts.items():
             self.phases[k] = self.phases.get(k, 0.0) + max(0.0, float(v))
+        if not baseline and "first_call_compiled" in extra:
+            self.first_calls["watched"] += 1
+            if extra["first_call_compiled"]:
+                self.first_calls["compiled_in_worker"] += 1
+                if (extra.get("precompile") or {}).get("ok"):
+                    self.first_calls["ahead_missed"] += 1
 
     def held_s(self) -> float:
         """GPU-held seconds: each worker from ready to gone, summed."""

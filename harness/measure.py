@@ -75,8 +75,44 @@ def _as_tuple(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def compare(out: Any, ref: Any, tol: Tolerance) -> dict[str, Any]:
-    """Element-wise comparison of (possibly tuple) outputs against the reference."""
+@dataclass
+class _RefPrep:
+    """What comparing against one reference tensor needs, computed once per problem."""
+
+    ref: Any  # the reference in the comparison dtype
+    scale: Any  # |ref|
+    floor: Any  # |ref| clamped at 1e-6 x max|ref|: the relative errors' denominators
+    denom: float  # max |ref| (at least 1e-30)
+
+
+def _cmp_dtype(*tensors: Any) -> Any:
+    """float64 where a side is float64, else float32: a difference of two float32 values
+    within a factor two of each other is exact, so float32 loses nothing an fp16, bf16 or
+    fp32 output could show, at half float64's memory traffic (a trial's check reads the
+    whole output)."""
+    import torch
+
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _prep(r: Any, dtype: Any, device: Any) -> _RefPrep:
+    rw = r.detach().to(device=device, dtype=dtype)
+    scale = rw.abs()
+    denom = max(float(scale.max()) if scale.numel() else 0.0, 1e-30)
+    return _RefPrep(rw, scale, scale.clamp_min(1e-6 * denom), denom)
+
+
+def prepare_reference(ref: Any) -> list[_RefPrep]:
+    """The per-problem part of ``compare``, so that each trial's check reads only its
+    own output and the reference once."""
+    return [_prep(r, _cmp_dtype(r), r.device) for r in _as_tuple(ref)]
+
+
+def compare(out: Any, ref: Any, tol: Tolerance,
+            prepared: list[_RefPrep] | None = None) -> dict[str, Any]:
+    """Element-wise comparison of (possibly tuple) outputs against the reference.
+    ``prepared``: ``prepare_reference(ref)``, where the caller compares many outputs
+    against one reference."""
     import torch
 
     outs, refs = _as_tuple(out), _as_tuple(ref)
@@ -88,27 +124,36 @@ def compare(out: Any, ref: Any, tol: Tolerance) -> dict[str, Any]:
     for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
         if tuple(o.shape) != tuple(r.shape):
             return {"ok": False, "reason": f"output {i} shape {tuple(o.shape)} != {tuple(r.shape)}"}
-        o64, r64 = o.detach().double(), r.detach().double().to(o.device)
-        if not torch.isfinite(o64).all():
-            bad = int((~torch.isfinite(o64)).sum())
-            return {"ok": False, "reason": f"output {i} has {bad} NaN/Inf values"}
-        diff = (o64 - r64).abs()
-        scale = r64.abs()
-        worst_abs = max(worst_abs, float(diff.max()) if diff.numel() else 0.0)
+        dt = _cmp_dtype(o, r)
+        p = prepared[i] if prepared and i < len(prepared) else None
+        if p is None or p.ref.dtype != dt or p.ref.device != o.device:
+            p = _prep(r, dt, o.device)
+        ow = o.detach().to(dt)
+        diff = (ow - p.ref).abs_()
+        zero = diff.new_zeros(())
+        # One host sync for all of the statistics.
+        stats = torch.stack([x.to(torch.float64) for x in (
+            (~torch.isfinite(ow)).sum(),
+            diff.max() if diff.numel() else zero,
+            ((diff <= 1e-3) | (diff <= 1e-3 * p.floor)).sum(),
+            ((diff <= 1e-2) | (diff <= 1e-2 * p.floor)).sum(),
+            (diff > tol.atol + tol.rtol * p.scale).sum(),
+        )]).tolist()
+        nonfinite, max_abs, within_1e3, within_1e2, n_bad = (stats[0], stats[1], *stats[2:])
+        if nonfinite:
+            return {"ok": False, "reason": f"output {i} has {int(nonfinite)} NaN/Inf values"}
+        worst_abs = max(worst_abs, max_abs)
         # Relative error against the tensor's own magnitude, so near-zero elements of a
         # well-scaled output do not dominate.
-        denom = max(float(scale.max()) if scale.numel() else 0.0, 1e-30)
-        worst_rel = max(worst_rel, worst_abs / denom)
-        rel_elem = diff / scale.clamp_min(1e-6 * denom)
+        worst_rel = max(worst_rel, max_abs / p.denom)
         n_total += diff.numel()
-        n_1e3 += int(((diff <= 1e-3) | (rel_elem <= 1e-3)).sum())
-        n_1e2 += int(((diff <= 1e-2) | (rel_elem <= 1e-2)).sum())
-        bad = diff > tol.atol + tol.rtol * scale
-        if ok and bool(bad.any()):
+        n_1e3 += int(within_1e3)
+        n_1e2 += int(within_1e2)
+        if ok and n_bad:
             ok = False
-            reason = (f"wrong result: output {i}: {int(bad.sum())}/{bad.numel()} elements "
+            reason = (f"wrong result: output {i}: {int(n_bad)}/{diff.numel()} elements "
                       f"outside atol={tol.atol:g} rtol={tol.rtol:g} "
-                      f"(max abs err {float(diff.max()):.3g})")
+                      f"(max abs err {max_abs:.3g})")
     return {
         "ok": ok,
         "reason": reason,
@@ -117,6 +162,47 @@ def compare(out: Any, ref: Any, tol: Tolerance) -> dict[str, Any]:
         "frac_within_1e3": n_1e3 / max(n_total, 1),
         "frac_within_1e2": n_1e2 / max(n_total, 1),
     }
+
+
+# -- compiles -------------------------------------------------------------------------
+
+
+class CompileWatch:
+    """Counts the Triton kernels a block of code got through ``triton.compile``: loaded
+    from the on-disk cache, or compiled in this process. On a worker that compiles ahead,
+    a first launch that compiled is a miss of the compile-ahead. Counts nothing where
+    Triton has no compilation listener (before 3.4) or runs interpreted."""
+
+    def __init__(self) -> None:
+        self.loaded = 0
+        self.compiled = 0
+        self.active = False
+        self._knobs: Any = None
+        self._prev: Any = None
+
+    def _listen(self, **kw: Any) -> None:
+        if kw.get("cache_hit"):
+            self.loaded += 1
+        else:
+            self.compiled += 1
+        if self._prev is not None:
+            self._prev(**kw)
+
+    def __enter__(self) -> CompileWatch:
+        if not hardware.interpreted():
+            try:
+                from triton import knobs
+
+                self._knobs, self._prev = knobs, knobs.compilation.listener
+                knobs.compilation.listener = self._listen
+                self.active = True
+            except Exception:  # no knobs / no listener in this Triton
+                self._knobs = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._knobs is not None:
+            self._knobs.compilation.listener = self._prev
 
 
 # -- timing ---------------------------------------------------------------------------
@@ -230,10 +316,11 @@ class Measurer:
         self._key: tuple | None = None
         self._inputs: dict[str, Any] = {}
         self._ref: Any = None
+        self._ref_prep: list[_RefPrep] | None = None
 
     def release(self) -> None:
         """Drop the held inputs and reference (and the allocator's cached blocks)."""
-        self._key, self._inputs, self._ref = None, {}, None
+        self._key, self._inputs, self._ref, self._ref_prep = None, {}, None, None
         if self.device == "cuda":
             import torch
 
@@ -248,11 +335,12 @@ class Measurer:
         key = (kernel.name, tuple(sorted(shape.items())), dtype, seed)
         if key == self._key:
             return
-        self._key, self._inputs, self._ref = None, {}, None
+        self._key, self._inputs, self._ref, self._ref_prep = None, {}, None, None
         inputs = kernel.make_inputs(shape, dtype, seed, self.device)
         ref = kernel.reference(inputs, shape)
+        prep = prepare_reference(ref)
         _sync()
-        self._key, self._inputs, self._ref = key, inputs, ref
+        self._key, self._inputs, self._ref, self._ref_prep = key, inputs, ref, prep
 
     def measure(self, kernel: Kernel, shape: Shape, dtype: str, config: Config, seed: int,
                 peaks: Mapping[str, float] | None = None) -> TrialResult:
@@ -262,19 +350,25 @@ class Measurer:
         except Exception as exc:  # inputs/reference failing is a harness-level problem
             return _failure("input/reference error", exc)
         t0 = time.perf_counter()
+        watch = CompileWatch()
         try:
-            fn = kernel.launcher(self._inputs, shape, config)
-            out = fn()  # first call compiles
-            _sync()
+            with watch:
+                fn = kernel.launcher(self._inputs, shape, config)
+                out = fn()  # first call compiles, or loads a binary compiled ahead
+                _sync()
         except Exception as exc:
-            return _failure(_classify(exc), exc)
+            res = _failure(_classify(exc), exc)
+            if watch.active:
+                res.extra["first_call_compiled"] = watch.compiled
+            return res
         compile_s = time.perf_counter() - t0
-        acc = compare(out, self._ref, kernel.tolerance(dtype, config))
+        acc = compare(out, self._ref, kernel.tolerance(dtype, config), self._ref_prep)
         del out
         check_s = time.perf_counter() - t0 - compile_s
+        first = {"first_call_compiled": watch.compiled} if watch.active else {}
         if not acc["ok"]:
             res = TrialResult(ok=False, reason=acc["reason"], compile_s=compile_s,
-                              extra={"check_s": check_s})
+                              extra={"check_s": check_s, **first})
             for k in ("max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2"):
                 setattr(res, k, acc.get(k, math.nan))
             return res
@@ -287,7 +381,7 @@ class Measurer:
             return res
         res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks)
         res.timing_s = time.perf_counter() - t_timing
-        res.extra["check_s"] = check_s
+        res.extra.update(check_s=check_s, **first)
         return res
 
     def measure_eager(self, kernel: Kernel, shape: Shape, dtype: str, seed: int,
@@ -311,7 +405,8 @@ class Measurer:
             fn = make(self._inputs, shape)
             out = fn()
             _sync()
-            acc = compare(out, self._ref, kernel.tolerance(dtype, kernel.default_config))
+            acc = compare(out, self._ref, kernel.tolerance(dtype, kernel.default_config),
+                          self._ref_prep)
             del out
             t_timing = time.perf_counter()
             p20, p50, p80, timer = time_fn(fn, self.timing)

@@ -10,7 +10,10 @@ When candidates are within noise of the best (their ranges overlap, or they are 
 ``NOISE`` of it), the one that is more robust across neighbouring shapes wins: the one
 whose latency, relative to the best of each other study of the same kernel, dtype and
 hardware, is lowest on average where it was measured there. With no such evidence the
-lowest median wins.
+one with the smallest footprint wins (fewest pipeline stages, then warps, then the
+smallest tile): a rule, not a measurement, so that a re-run whose top configs are the
+same picks the same winner, where the lowest of medians within noise would be a coin
+toss.
 """
 
 from __future__ import annotations
@@ -66,6 +69,18 @@ def robustness(config: Mapping[str, Any],
     return statistics.fmean(ratios) if ratios else math.inf
 
 
+def footprint(config: Mapping[str, Any]) -> tuple:
+    """A config's resource use, for ties: pipeline stages, warps, tile area, then the
+    config's key (total order)."""
+    def num(k: str) -> float:
+        v = config.get(k, 0)
+        return float(v) if isinstance(v, (int, float)) else 0.0
+
+    area = math.prod(num(k) for k in config if k.startswith("BLOCK")) if any(
+        k.startswith("BLOCK") for k in config) else 0.0
+    return (num("num_stages"), num("num_warps"), area, config_key(config))
+
+
 def pick(cands: Sequence[Candidate],
          robust: Callable[[Mapping[str, Any]], float] = lambda c: math.inf
          ) -> tuple[Candidate, str] | None:
@@ -82,5 +97,7 @@ def pick(cands: Sequence[Candidate],
             win = scored[0]
             return win, (f"{len(tied)} configs within noise; the most robust across "
                          f"neighbouring shapes ({robust(win.config):.3f} x their best)")
-        return best, f"{len(tied)} configs within noise; no neighbouring shapes: lowest median"
+        win = min(tied, key=lambda c: footprint(c.config))
+        return win, (f"{len(tied)} configs within noise; no neighbouring shapes: the "
+                     "smallest footprint (stages, warps, tile)")
     return best, "lowest median of the interleaved re-measurements"

@@ -127,6 +127,14 @@ def roofline_png(study, title: str) -> bytes | None:
     return _png(fig)
 
 
+def warm_imports() -> None:
+    """Import what the plots need (matplotlib, Optuna's plotting and importance code):
+    1-2 s at a run's end, nothing when done in a thread while Ray starts."""
+    _pyplot()
+    import optuna.importance  # noqa: F401
+    import optuna.visualization.matplotlib  # noqa: F401
+
+
 def study_plots(study, title: str) -> dict[str, bytes]:
     """name -> PNG for the plots that can be drawn for this study."""
     out = {}

@@ -68,6 +68,7 @@ class Summary:
     timing_s: float = 0.0  # of which inside the kernel timer (do_bench)
     timing_fraction: float = math.nan  # timing_s / held_s: 1 - the harness's overhead
     overhead: dict[str, float] = field(default_factory=dict)  # held seconds by phase
+    first_calls: dict[str, int] = field(default_factory=dict)  # Fleet.first_calls
     timeline: dict[str, float] = field(default_factory=dict)  # wall seconds at each step
     t0: float = field(default_factory=time.monotonic, repr=False)
 
@@ -237,9 +238,11 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     exp = experiment.load(path, overrides)  # validates all before anything is written
     summary = Summary()
     t_start = summary.t0
-    # Importing MLflow and creating its tables takes seconds: done while Ray starts.
+    # Importing MLflow and creating its tables takes seconds, importing the plotting
+    # code too: done while Ray starts.
     pool = ThreadPoolExecutor(1, thread_name_prefix="harness-mlflow-init")
     tracker_f = pool.submit(Tracker, exp.tracking.uri, exp.tracking.experiment or exp.name)
+    pool.submit(_warm_plot_imports)
     pool.shutdown(wait=False)
 
     Fleet.connect()
@@ -393,13 +396,19 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     summary.timing_s = sum(fleet.timing_s.values())
     summary.timing_fraction = summary.timing_s / summary.held_s if summary.held_s else math.nan
     summary.overhead = _overhead(fleet.phases, summary.held_s)
+    summary.first_calls = dict(fleet.first_calls)
+    if fleet.first_calls["ahead_missed"]:
+        console.print(f"[yellow]compile-ahead: {fleet.first_calls['ahead_missed']} first "
+                      "launches compiled again in the worker although a compile child had "
+                      "built them: the worker and its children use different Triton caches[/]")
     summary.replaced, summary.retried = fleet.replaced, fleet.retried
     summary.events = list(fleet.events) + [f"MLflow: {e}" for e in bg.errors[:5]]
     tracker.log(summary.parent_run_id, metrics={
         "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
         "timing_fraction": summary.timing_fraction, "workers_replaced": fleet.replaced,
         "trials_retried": fleet.retried,
-        **{f"held_{k}_s": v for k, v in summary.overhead.items()}})
+        **{f"held_{k}_s": v for k, v in summary.overhead.items()},
+        **{f"first_calls_{k}": v for k, v in fleet.first_calls.items()}})
     _keep_previous_packs(exp, studies)
     summary.packs = _freeze(exp, studies, tracker, summary.parent_run_id)
     summary.mark("packs_frozen")
@@ -416,6 +425,15 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     for p in summary.packs:
         tracker.log_artifact(summary.parent_run_id, p, "packs")
     tracker.finish(summary.parent_run_id)
+
+
+def _warm_plot_imports() -> None:
+    try:
+        from harness import report
+
+        report.warm_imports()
+    except Exception as exc:  # the plots at the end import it again, or fail there
+        log.warning("could not import the plotting code ahead: %s", exc)
 
 
 def _overhead(phases: dict[str, float], held_s: float) -> dict[str, float]:

@@ -176,3 +176,56 @@ def test_grouped_gemm_compile_only_fills_the_cache(tmp_path: Path, monkeypatch,
     # the signature (a .so), never a kernel binary.
     added = [x for x in cache.iterdir() if x.name not in before]
     assert not [f.name for d in added for f in d.iterdir() if f.suffix in (".cubin", ".ptx")]
+
+
+def test_compile_ahead_survives_a_torch_compile_baseline(tmp_path: Path) -> None:
+    """torch.compile (Inductor) points TRITON_CACHE_DIR at a directory of its own when the
+    variable is unset. The worker pins it before its compile children start, so the
+    trials measured after the torch.compile baseline still load what the children built
+    (before the fix every grouped-GEMM first launch compiled again: 0.3-1.5 s each)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.fault_kernels import cli_env
+
+    exp = {
+        "name": "ahead-compiled", "kernel": "grouped_gemm",
+        "shapes": [{"M": 3072, "N": 1408, "K": 2048, "E": 64}], "dtypes": ["bf16"],
+        "search": {"sampler": "grid", "trials": 8, "warm_start": False,
+                   "remeasure_top_k": 0},
+        "search_space": {"params": {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64],
+                                    "GROUP_M": [1, 8], "num_warps": [4, 8], "num_stages": [3],
+                                    "PERSISTENT": [0], "USE_TMA": [0]}},
+        "timing": {"warmup_ms": 5, "rep_ms": 20},
+        "baselines": {"compile": True},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"queue_depth": 8, "compile_workers": 4},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    env = cli_env(tmp_path / "events")
+    env.pop("TRITON_CACHE_DIR", None)  # Triton's default: under TRITON_HOME, fresh here
+    env["TRITON_HOME"] = str(tmp_path / "home")
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout)
+    (row,) = out["rows"]
+    assert row["compile_latency_ms"] is not None  # the torch.compile baseline did run
+    assert out["first_calls"]["watched"] >= 8  # the trials and the default config
+    assert out["first_calls"]["ahead_missed"] == 0, out["first_calls"]
+    assert out["first_calls"]["compiled_in_worker"] == 0, out["first_calls"]
+    assert (tmp_path / "home" / ".triton" / "cache").is_dir()
+
+
+def test_compile_children_warm_up_with_a_real_compile(tmp_path: Path, monkeypatch) -> None:
+    """A compile child's warm-up builds a small tl.dot kernel for this GPU (on meta
+    tensors: nothing launched), so its first real config does not pay for loading
+    Triton's backend."""
+    from harness import _compile_warmup
+
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    _compile_warmup.compile_once()
+    assert [f for f in cache.rglob("*") if f.suffix in (".cubin", ".hsaco")]

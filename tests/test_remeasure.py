@@ -43,10 +43,32 @@ def test_ties_go_to_the_config_robust_across_neighbouring_shapes() -> None:
     neighbours = [{config_key({"x": 1}): 2.5, config_key({"x": 2}): 2.0}]
     win, why = remeasure.pick([a, b, c], lambda cfg: remeasure.robustness(cfg, neighbours))
     assert win is b and "robust" in why
-    # Without neighbours the lowest median wins.
+    # Without neighbours the tie goes to the smallest footprint; x is no resource, so
+    # the config keys order them: {"x": 1} first.
     win, why = remeasure.pick([a, b, c])
-    assert win is a and "no neighbouring" in why
+    assert win is a and "no neighbouring" in why and "footprint" in why
     assert math.isinf(remeasure.robustness({"x": 9}, neighbours))
+
+
+def test_ties_without_neighbours_go_to_the_smallest_footprint_whatever_the_noise() -> None:
+    """A re-run whose top configs tie the other way round picks the same winner: within
+    noise, fewer stages, then fewer warps, then the smaller tile wins."""
+    tiles = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 8}
+    s3, s4, s5 = ({**tiles, "num_stages": n} for n in (3, 4, 5))
+    for medians in ([1.60, 1.61, 1.605], [1.612, 1.601, 1.604], [1.605, 1.609, 1.600]):
+        cands = [Candidate(cfg, 1.6, samples=[m * 0.98, m, m * 1.02])
+                 for cfg, m in zip((s5, s3, s4), medians, strict=True)]
+        win, why = remeasure.pick(cands)
+        assert win.config == s3 and "footprint" in why
+    # A clearly faster config still wins outright, whatever its footprint.
+    fast = Candidate(s5, 1.6, samples=[1.30, 1.31, 1.29])
+    slow = Candidate(s3, 1.6, samples=[1.60, 1.61, 1.59])
+    assert remeasure.pick([slow, fast])[0] is fast
+    # Fewer warps decide where the stages are equal, then the tile area.
+    w4 = {**s3, "num_warps": 4}
+    small = {**s3, "BLOCK_N": 128}
+    assert remeasure.footprint(w4) < remeasure.footprint(s3)
+    assert remeasure.footprint(small) < remeasure.footprint(s3)
 
 
 @pytest.mark.slow

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Device session 5. Phases, each optional, picked by PHASES:
+#   diag     where compile-ahead misses (diag_compile_ahead.py) and where start-up goes
+#            (diag_startup.py)
+#   tests    GPU tests: GPU_TESTS="..." (default: the fleet's and the grouped GEMM's)
+#   grid     the 216-config bf16 matmul grid at 8192^3 on this GPU, GRID_RUNS times
+#            (standalone: own local Ray, cold Triton cache), then GRID_JOINED times joined
+#            to a running `ray start --head` (warm Ray, cold Triton cache)
+#   ggemm    grouped GEMM: kernel variants vs torch._grouped_mm / dense / loop
+#            (benchmarks/grouped_gemm_variants.py)
+#   zoo      tuning runs that freeze this GPU's packs: ZOO="cfg[:timeout_s] ..."
+#   sweeps   exhaustive sweeps for the replay benchmark (record_sweeps.sh): SWEEPS="..."
+# Everything lands in $OUT/all.tar.gz (the device returns at most 8 files).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+R=$OUT/r; mkdir -p $R/logs $R/results
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+PHASES=${PHASES:-diag}
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv;
+  nproc; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"; } > $R/logs/env.txt 2>&1
+cat $R/logs/env.txt
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+summ() {
+python3 - "$@" <<'PY'
+import json, sys, os
+for f in sys.argv[1:]:
+    try:
+        d = json.load(open(f))
+    except Exception as e:
+        print(os.path.basename(f), "no summary:", e); continue
+    print(os.path.basename(f), "wall", round(d.get("wall_s", 0), 1), "held", round(d.get("gpu_held_s", 0), 1),
+          "timing_fraction", round(d.get("timing_fraction") or 0, 3), "overhead", d.get("overhead_s"))
+    print("   timeline", d.get("timeline_s"))
+    for r in d["rows"]:
+        print("   ", r["shape"], r["dtype"], r["hardware"], "best", r.get("latency_ms"), r.get("params"),
+              "default", r.get("default_latency_ms"), r["counts"], (r.get("failures") or [""])[:1])
+PY
+}
+
+if has diag; then
+  timeout 240 python3 benchmarks/device/diag_compile_ahead.py > $R/logs/diag_compile_ahead.json 2> $R/logs/diag_compile_ahead.log
+  echo "diag compile-ahead rc=$? t=$(el)"; tail -5 $R/logs/diag_compile_ahead.log
+  timeout 120 python3 benchmarks/device/diag_startup.py > $R/logs/diag_startup.json 2> $R/logs/diag_startup.log
+  echo "diag startup rc=$? t=$(el)"; cat $R/logs/diag_startup.json
+fi
+if has ggmini; then
+  # 24 configs of the grouped-GEMM decode sweep through the harness: first-call vs
+  # compile-ahead times per trial (is the worker's first launch loading or compiling?)
+  timeout 200 python3 -m harness run configs/sweeps/grouped_gemm_decode.yaml --json \
+      --set search.trials=24 --set name=ggmini > $R/logs/ggmini.json 2> $R/logs/ggmini.log
+  echo "ggmini rc=$? t=$(el)"; summ $R/logs/ggmini.json
+  python3 - <<'PY'
+import glob, json, optuna
+s = optuna.get_all_study_summaries("sqlite:///runs/ggmini/optuna.db")
+st = optuna.load_study(study_name=s[0].study_name, storage="sqlite:///runs/ggmini/optuna.db")
+for t in st.trials:
+    r = t.user_attrs.get("result") or {}
+    x = r.get("extra", {})
+    print(t.number, "first", round(r.get("compile_s") or 0, 3), "ahead", x.get("precompile"), "fc", x.get("first_call"))
+PY
+fi
+if has tests; then
+  timeout ${TEST_S:-240} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
+      ${GPU_TESTS:-tests/test_fleet_gpu.py tests/test_grouped_gemm.py} \
+      > $R/logs/pytest_gpu.txt 2>&1
+  echo "tests rc=$? t=$(el)"; tail -25 $R/logs/pytest_gpu.txt
+fi
+if has grid; then
+  # GRID_SPECS: runs of the grid, each "standalone|joined:full|mf" (mf: multi-fidelity,
+  # search.pruner=threshold). Every run starts from an empty Triton cache; a joined run
+  # gets a `ray start --head` of its own (started with that cache dir: its workers
+  # inherit the head's environment, not the driver's).
+  i=0
+  for spec in ${GRID_SPECS:-standalone:full}; do
+    i=$((i+1)); mode=${spec%%:*}; fid=${spec#*:}
+    set_args=""; [ "$fid" = mf ] && set_args="--set search.pruner=threshold"
+    cache=/tmp/triton-grid-$i; rm -rf $cache
+    log=$R/logs/grid216_${i}_${mode}_${fid}
+    if [ "$mode" = joined ]; then
+      TRITON_CACHE_DIR=$cache ray start --head --node-ip-address=127.0.0.1 --include-dashboard=false > $log.ray_start.txt 2>&1
+      TRITON_CACHE_DIR=$cache RAY_ADDRESS=127.0.0.1:6379 timeout 150 python3 -m harness run configs/matmul_grid216.yaml --json $set_args > $log.json 2> $log.log
+      rc=$?; ray stop > /dev/null 2>&1
+    else
+      TRITON_CACHE_DIR=$cache timeout 150 python3 -m harness run configs/matmul_grid216.yaml --json $set_args > $log.json 2> $log.log
+      rc=$?
+    fi
+    echo "grid $i $mode $fid rc=$rc t=$(el)"; summ $log.json
+    python3 -c "import json; d=json.load(open('$log.json')); print('   first_calls', d.get('first_calls'), 'winner', d['rows'][0].get('winner_reason'))" 2>/dev/null
+    [ -f runs/matmul-grid216/optuna.db ] && cp runs/matmul-grid216/optuna.db $log.optuna.db
+  done
+fi
+if has ggemm; then
+  timeout ${GGEMM_S:-200} python3 benchmarks/grouped_gemm_variants.py --out $R/results/grouped_gemm_variants.json \
+      > $R/logs/grouped_gemm_variants.log 2>&1
+  echo "ggemm rc=$? t=$(el)"; tail -30 $R/logs/grouped_gemm_variants.log
+fi
+if has zoo; then
+  ray start --head --node-ip-address=127.0.0.1 --include-dashboard=false > $R/logs/ray_start.txt 2>&1
+  export RAY_ADDRESS=127.0.0.1:6379
+  for item in ${ZOO:-}; do
+    cfg=${item%%:*}; t=${item#*:}; [ "$t" = "$item" ] && t=60
+    n=$(basename $cfg .yaml)
+    left=$(( ${BUDGET_S:-560} - $(el) ))
+    if [ $left -lt $(( t + 20 )) ]; then echo "skip $n: ${left} s left"; continue; fi
+    timeout $(( t + 120 )) python3 -m harness run $cfg --json --set search.timeout_s=$t --set baselines.compile=false \
+        > $R/logs/tune_$n.json 2> $R/logs/tune_$n.log
+    echo "zoo $n rc=$? t=$(el)"; summ $R/logs/tune_$n.json
+  done
+  ray stop > /dev/null 2>&1; unset RAY_ADDRESS
+fi
+if has sweeps; then  # record_sweeps.sh starts its own `ray start --head`
+  BUDGET_S=${SWEEP_S:-150} timeout $(( ${SWEEP_S:-150} + 20 )) bash benchmarks/device/record_sweeps.sh ${SWEEPS:-} > $R/logs/sweeps.log 2>&1
+  echo "sweeps rc=$? t=$(el)"; tail -8 $R/logs/sweeps.log
+  [ -d "$OUT/replay" ] && mv $OUT/replay $R/; [ -d "$OUT/replay_logs" ] && mv $OUT/replay_logs $R/logs/
+fi
+cp -r packs $R/ 2>/dev/null
+for d in runs/*/; do [ -f $d/optuna.db ] && mkdir -p $R/runs/$(basename $d) && cp $d/optuna.db $R/runs/$(basename $d)/; done
+tar -czf $OUT/all.tar.gz -C $OUT r && rm -rf $R
+echo "done t=$(el)"; ls -la $OUT

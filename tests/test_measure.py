@@ -1,0 +1,106 @@
+"""harness.measure on the CPU: the accuracy check against a float64 computation of the
+same statistics, on fresh random data; the compile watch; the Triton cache pin."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from harness import fleet
+from harness.kernel_api import Tolerance
+from harness.measure import CompileWatch, compare, prepare_reference
+
+
+def _expected(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> dict:
+    o, r = out.double(), ref.double()
+    diff, scale = (o - r).abs(), r.abs()
+    denom = max(float(scale.max()), 1e-30)
+    rel = diff / scale.clamp_min(1e-6 * denom)
+    return {
+        "max_abs_err": float(diff.max()),
+        "max_rel_err": float(diff.max()) / denom,
+        "frac_within_1e3": float(((diff <= 1e-3) | (rel <= 1e-3)).double().mean()),
+        "frac_within_1e2": float(((diff <= 1e-2) | (rel <= 1e-2)).double().mean()),
+        "bad": int((diff > tol.atol + tol.rtol * scale).sum()),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("prepared", [False, True])
+def test_compare_matches_a_float64_computation(dtype: torch.dtype, prepared: bool) -> None:
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    ref = torch.randn(300, 257, generator=g)
+    out = (ref + 3e-3 * torch.randn(300, 257, generator=g)).to(dtype)
+    tol = Tolerance(5e-3, 1e-3)
+    got = compare(out, ref, tol, prepare_reference(ref) if prepared else None)
+    want = _expected(out, ref, tol)
+    for k in ("max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2"):
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-12), k
+    assert got["ok"] == (want["bad"] == 0)
+    if want["bad"]:
+        assert f"{want['bad']}/{out.numel()} elements" in got["reason"]
+
+
+def test_compare_counts_bad_elements_exactly_and_reports_nan() -> None:
+    ref = torch.randn(64, 64, dtype=torch.float64)  # float64: compared in float64
+    out = ref.clone()
+    out[3, 4] += 1.0
+    out[10, 11] -= 0.5
+    res = compare(out, ref, Tolerance(1e-6, 1e-6), prepare_reference(ref))
+    assert not res["ok"] and "2/4096 elements" in res["reason"]
+    assert res["max_abs_err"] == pytest.approx(1.0)
+    out[0, 0] = math.nan
+    out[1, 1] = math.inf
+    res = compare(out.float(), ref.float(), Tolerance(1, 1))
+    assert not res["ok"] and "2 NaN/Inf" in res["reason"]
+
+
+def test_compare_tuples_shapes_and_a_stale_preparation() -> None:
+    a, b = torch.randn(8, 8), torch.randn(5)
+    prep = prepare_reference((a, b))
+    assert compare((a.clone(), b.clone()), (a, b), Tolerance(0, 0), prep)["ok"]
+    res = compare((a, b[:4]), (a, b), Tolerance(0, 0), prep)
+    assert not res["ok"] and "shape" in res["reason"]
+    assert "output has 1 tensors" in compare(a, (a, b), Tolerance(0, 0))["reason"]
+    # A preparation in another dtype is not used (float64 output against its float32 one).
+    res = compare((a.double() + 1e-9, b.double()), (a.double(), b.double()),
+                  Tolerance(0, 0), prep)
+    assert not res["ok"] and res["max_abs_err"] == pytest.approx(1e-9, rel=1e-3)
+
+
+def test_compile_watch_is_inactive_under_the_interpreter(monkeypatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with CompileWatch() as w:
+        pass
+    assert not w.active and w.compiled == 0 and w.loaded == 0
+
+
+def test_compile_watch_counts_and_chains_the_listener(monkeypatch) -> None:
+    """Outside the interpreter the watch installs itself as Triton's compilation
+    listener, counts hits and compiles, hands each event to the listener it replaced,
+    and puts that one back."""
+    from triton import knobs
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    seen = []
+    prev = lambda **kw: seen.append(kw["cache_hit"])
+    monkeypatch.setattr(knobs.compilation, "listener", prev)
+    with CompileWatch() as w:
+        assert w.active and knobs.compilation.listener is not prev
+        for hit in (True, False, True):
+            knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=None,
+                                       cache_hit=hit)
+    assert (w.loaded, w.compiled) == (2, 1) and seen == [True, False, True]
+    assert knobs.compilation.listener is prev
+
+
+def test_pin_triton_cache_dir(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path))
+    path = fleet.pin_triton_cache_dir()
+    assert path == os.environ["TRITON_CACHE_DIR"] == str(tmp_path / ".triton" / "cache")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    assert fleet.pin_triton_cache_dir() == str(tmp_path / "mine")
