@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
@@ -196,15 +196,20 @@ class Precompiler:
 
     def start(self) -> None:
         """Start the children now (they take seconds to import torch and Triton), so
-        that the first configs do not wait for them."""
-        with self._lock:
-            try:
-                pool = self._executor()
-                for _ in range(self.processes):
-                    pool.submit(_warm_child)
-            except Exception as exc:
-                log.warning("compile-ahead unavailable: %s", exc)
-                self._reset()
+        that the first configs do not wait for them. Returns at once: creating the pool
+        blocks until the forkserver has imported torch, which the caller should not wait
+        for (configs submitted meanwhile queue behind the lock)."""
+        def run() -> None:
+            with self._lock:
+                try:
+                    pool = self._executor()
+                    for _ in range(self.processes):
+                        pool.submit(_warm_child)
+                except Exception as exc:
+                    log.warning("compile-ahead unavailable: %s", exc)
+                    self._reset()
+
+        threading.Thread(target=run, name="harness-precompile-start", daemon=True).start()
 
     def _reset(self) -> None:
         pool, self._pool = self._pool, None
@@ -229,6 +234,11 @@ class Precompiler:
                     return
             while len(self._futures) > self.MAX_PENDING:
                 self._futures.pop(next(iter(self._futures)))
+
+    def pending(self, problem: str, config: Mapping[str, Any]) -> Future | None:
+        """The compile of ``config`` under way or done, left for ``wait`` to collect."""
+        with self._lock:
+            return self._futures.get((problem, _config_key(config)))
 
     def wait(self, problem: str, config: Mapping[str, Any],
              timeout_s: float = PRECOMPILE_WAIT_S) -> dict[str, Any] | None:
@@ -324,6 +334,13 @@ class Worker:
         self.measurer = Measurer(Timing(**timing))
         self._peaks: dict[str, float] | None = None
         self.poisoned = ""  # why the device context cannot be trusted any more
+        # Loading ahead: while one config is timed, a thread brings the next queued
+        # config's binary into this process (see _load_ahead).
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="harness-load-ahead")
+        self._loads: dict[tuple[str, str], Future] = {}
+        self._seq = -1  # the task the loop is running
+        self._current: tuple[Any, dict, str, int] | None = None  # its problem (measure)
+        self._load_lock = threading.Lock()
         self._skeletons: dict[str, Any] = {}  # problem -> skeleton of its inputs
         self._stash: dict[str, list[dict]] = {}  # problem -> configs hinted before it loaded
         self._hint_lock = threading.Lock()
@@ -374,6 +391,8 @@ class Worker:
         if method == "measure" and self.pre is not None:
             kernel, shape, dtype, config, seed = args[:5]
             self._hint(kernel, shape, dtype, seed, [config])
+            if seq == self._seq + 1:  # next after the task running now
+                self._load_ahead()
 
     @ray.method(concurrency_group="results")
     def result(self, seq: int) -> dict[str, Any]:
@@ -391,6 +410,7 @@ class Worker:
                 seq = self._next
                 method, args = self._tasks.pop(seq)
                 self._next += 1
+                self._seq = seq
             t_task = time.perf_counter()
             try:
                 if self.poisoned:
@@ -422,7 +442,10 @@ class Worker:
         fam = kernel_api.get(kernel)
         t_wait = time.perf_counter()
         pre = self._problem_loaded(kernel, fam, shape, dtype, seed, config)
+        self._loaded(_problem_key(kernel, shape, dtype, seed), config)
         wait_s = time.perf_counter() - t_wait
+        self._current = (fam, shape, dtype, seed)
+        self._load_ahead()
         full = self.measurer.timing
         if timing:
             self.measurer.timing = _replace(full, **timing)
@@ -449,6 +472,61 @@ class Worker:
         res.extra.update(self.where)
         res.extra["peaks"] = self.peaks()
         return res.to_dict()
+
+    # -- loading ahead --------------------------------------------------------------------
+    def _load_ahead(self) -> None:
+        """While the current task is measured, load the binary of the next queued config
+        of the same problem into this process (``load_only``: Triton's in-memory cache,
+        the GPU module, the launcher), once its compile child is done, so that its first
+        launch only launches (about 4 ms a config of an 8192^3 matmul on an H200). Only
+        binaries compiled ahead successfully: a compile here would compete with the
+        timing for the CPU. Called when a measure task starts and when the next one
+        arrives."""
+        from harness import kernel_api
+
+        current, seq = self._current, self._seq
+        if self.pre is None or current is None:
+            return
+        fam, shape, dtype, seed = current
+        with self._cv:
+            nxt = self._tasks.get(seq + 1)
+        if nxt is None or nxt[0] != "measure" or not hasattr(fam, "load_only"):
+            return
+        kernel, n_shape, n_dtype, config, n_seed = nxt[1][:5]
+        problem = _problem_key(kernel, n_shape, n_dtype, n_seed)
+        if kernel_api.get(kernel) is not fam or problem != _problem_key(kernel, shape, dtype,
+                                                                         seed):
+            return
+        inputs = self.measurer.held(fam, shape, dtype, seed)
+        compiling = self.pre.pending(problem, config)
+        key = (problem, _config_key(config))
+        with self._load_lock:
+            if inputs is None or compiling is None or key in self._loads:
+                return
+            while len(self._loads) > 8:  # never collected (the task was requeued elsewhere)
+                self._loads.pop(next(iter(self._loads)))
+            self._loads[key] = self._loader.submit(self._load_one, compiling, fam, inputs,
+                                                   dict(shape), dict(config))
+
+    def _load_one(self, compiling: Future, fam: Any, inputs: Any, shape: dict,
+                  config: dict) -> None:
+        try:
+            if not compiling.result(timeout=PRECOMPILE_WAIT_S).get("ok") or self.poisoned:
+                return
+            fam.load_only(inputs, shape, config)
+        except Exception:  # the config's own first launch meets the error and reports it
+            pass
+
+    def _loaded(self, problem: str, config: dict) -> None:
+        """Wait for a load ahead of ``config`` that is under way (so that its first launch
+        does not load it a second time)."""
+        with self._load_lock:
+            fut = self._loads.pop((problem, _config_key(config)), None)
+        if fut is not None:
+            try:
+                fut.result(timeout=60)
+            except Exception:  # timed out: the first launch loads it itself
+                pass
 
     # -- compiling ahead ------------------------------------------------------------------
     def _hint(self, kernel: str, shape: dict, dtype: str, seed: int, configs: list) -> None:

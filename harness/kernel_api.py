@@ -192,6 +192,16 @@ class SingleLaunch:
         jit_fn, grid, args, meta, _ = self._launch(inputs, config)
         jit_fn.warmup(*args, grid=grid, **meta)
 
+    def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
+        """Bring ``config``'s binary into this process as its first launch would (Triton's
+        in-memory kernel cache, the GPU module and the launcher), without launching: on
+        the real inputs, so that the launch finds it under the same key."""
+        jit_fn, grid, args, meta, _ = self._launch(inputs, config)
+        kernel = jit_fn.warmup(*args, grid=grid, **meta)
+        init = getattr(kernel, "_init_handles", None)  # lazy until the first launch
+        if callable(init):
+            init()
+
 
 def resolve(name_or_path: str) -> type[Kernel]:
     """Find a kernel family class by registered name or ``package.module:Class``."""

@@ -317,14 +317,25 @@ class Measurer:
         self._inputs: dict[str, Any] = {}
         self._ref: Any = None
         self._ref_prep: list[_RefPrep] | None = None
+        self._held: tuple[tuple, dict[str, Any]] | None = None  # (key, inputs), for held()
 
     def release(self) -> None:
         """Drop the held inputs and reference (and the allocator's cached blocks)."""
         self._key, self._inputs, self._ref, self._ref_prep = None, {}, None, None
+        self._held = None
         if self.device == "cuda":
             import torch
 
             torch.cuda.empty_cache()
+
+    def held(self, kernel: Kernel, shape: Shape, dtype: str, seed: int) -> dict[str, Any] | None:
+        """The problem's inputs if they are the ones held now (never builds them); safe to
+        call from another thread than the measuring one."""
+        held = self._held
+        if held is not None and held[0] == (kernel.name, tuple(sorted(shape.items())), dtype,
+                                            seed):
+            return held[1]
+        return None
 
     def prepare(self, kernel: Kernel, shape: Shape, dtype: str, seed: int) -> dict[str, Any]:
         """The problem's inputs (built once per problem); raises where they cannot be."""
@@ -336,11 +347,13 @@ class Measurer:
         if key == self._key:
             return
         self._key, self._inputs, self._ref, self._ref_prep = None, {}, None, None
+        self._held = None
         inputs = kernel.make_inputs(shape, dtype, seed, self.device)
         ref = kernel.reference(inputs, shape)
         prep = prepare_reference(ref)
         _sync()
         self._key, self._inputs, self._ref, self._ref_prep = key, inputs, ref, prep
+        self._held = (key, inputs)
 
     def measure(self, kernel: Kernel, shape: Shape, dtype: str, config: Config, seed: int,
                 peaks: Mapping[str, float] | None = None) -> TrialResult:

@@ -12,7 +12,7 @@ One family, one tunable ``FAULT`` that picks what goes wrong:
 - ``hang``: sleeps an hour;
 - ``wrong``: a result off by one; ``nan``: a result with a NaN.
 
-Every launch and every ``compile_only`` appends a JSON line to ``$FAULT_DIR/events.jsonl``
+Every launch, ``compile_only`` and ``load_only`` appends a JSON line to ``$FAULT_DIR/events.jsonl``
 (event, config, pid, node, time) so that tests can see where and when things ran.
 """
 
@@ -161,6 +161,15 @@ class Faulty(Kernel):
     def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
         """Records that a compile child saw ``config`` (and compiles it on a GPU)."""
         record("compile", config)
+        cfg = {**self.default_config, **config}
+        if not _interpreted():
+            x = inputs["x"]
+            _scale_kernel.warmup(x, torch.empty_like(x), x.numel(), BLOCK=int(cfg["BLOCK"]),
+                                 grid=(1,))
+
+    def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
+        """Records that the worker loaded ``config`` ahead (and loads it on a GPU)."""
+        record("load", config)
         cfg = {**self.default_config, **config}
         if not _interpreted():
             x = inputs["x"]

@@ -374,3 +374,16 @@ def test_queued_configs_compile_ahead_in_child_processes(cl, events, tmp_path: P
         assert compiled[0]["t"] <= launched[0]["t"]
         assert extra["precompile"]["ok"] is True
         assert extra["precompile"]["pid"] == compiled[0]["pid"]
+    # While one config is measured, the worker loads the next queued one's binary into
+    # its own process, after the child compiled it and before its first launch. (The
+    # first trial may come after a task of the search's baselines, which loads nothing.)
+    loaded = 0
+    for t in trials:
+        loads = [e for e in log if e["event"] == "load" and e["config"] == t.params]
+        launched = [e for e in log if e["event"] == "launch" and e["config"] == t.params]
+        compiled = [e for e in log if e["event"] == "compile" and e["config"] == t.params]
+        if loads:
+            loaded += 1
+            assert len(loads) == 1 and loads[0]["pid"] == launched[0]["pid"]
+            assert compiled[0]["t"] <= loads[0]["t"] <= launched[0]["t"]
+    assert loaded >= len(trials) - 1, log

@@ -2,7 +2,8 @@
 # Device session 5. Phases, each optional, picked by PHASES:
 #   diag     where compile-ahead misses (diag_compile_ahead.py) and where start-up goes
 #            (diag_startup.py)
-#   tests    GPU tests: GPU_TESTS="..." (default: the fleet's and the grouped GEMM's)
+#   tests    GPU tests: GPU_TESTS="files" GPU_K="-k expression" (default: the fleet's
+#            and the grouped GEMM's files)
 #   grid     the 216-config bf16 matmul grid at 8192^3 on this GPU, GRID_RUNS times
 #            (standalone: own local Ray, cold Triton cache), then GRID_JOINED times joined
 #            to a running `ray start --head` (warm Ray, cold Triton cache)
@@ -62,7 +63,7 @@ PY
 fi
 if has tests; then
   timeout ${TEST_S:-240} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
-      ${GPU_TESTS:-tests/test_fleet_gpu.py tests/test_grouped_gemm.py} \
+      ${GPU_TESTS:-tests/test_fleet_gpu.py tests/test_grouped_gemm.py} ${GPU_K:+-k "$GPU_K"} \
       > $R/logs/pytest_gpu.txt 2>&1
   echo "tests rc=$? t=$(el)"; tail -25 $R/logs/pytest_gpu.txt
 fi
