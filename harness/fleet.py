@@ -196,20 +196,16 @@ class Precompiler:
 
     def start(self) -> None:
         """Start the children now (they take seconds to import torch and Triton), so
-        that the first configs do not wait for them. Returns at once: creating the pool
-        blocks until the forkserver has imported torch, which the caller should not wait
-        for (configs submitted meanwhile queue behind the lock)."""
-        def run() -> None:
-            with self._lock:
-                try:
-                    pool = self._executor()
-                    for _ in range(self.processes):
-                        pool.submit(_warm_child)
-                except Exception as exc:
-                    log.warning("compile-ahead unavailable: %s", exc)
-                    self._reset()
-
-        threading.Thread(target=run, name="harness-precompile-start", daemon=True).start()
+        that the first configs do not wait for them. Returns once the processes exist
+        (with forkserver: once its preload is imported), not once they are warm."""
+        with self._lock:
+            try:
+                pool = self._executor()
+                for _ in range(self.processes):
+                    pool.submit(_warm_child)
+            except Exception as exc:
+                log.warning("compile-ahead unavailable: %s", exc)
+                self._reset()
 
     def _reset(self) -> None:
         pool, self._pool = self._pool, None
