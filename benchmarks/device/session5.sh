@@ -7,6 +7,7 @@
 #   grid     the 216-config bf16 matmul grid at 8192^3 on this GPU, GRID_RUNS times
 #            (standalone: own local Ray, cold Triton cache), then GRID_JOINED times joined
 #            to a running `ray start --head` (warm Ray, cold Triton cache)
+#   gpus     the grid on 1 and on 2 GPUs of this box (GPU_COUNTS="1 2")
 #   ggemm    grouped GEMM: kernel variants vs torch._grouped_mm / dense / loop
 #            (benchmarks/grouped_gemm_variants.py)
 #   zoo      tuning runs that freeze this GPU's packs: ZOO="cfg[:timeout_s] ..."
@@ -88,6 +89,19 @@ if has grid; then
     fi
     echo "grid $i $mode $fid rc=$rc t=$(el)"; summ $log.json
     python3 -c "import json; d=json.load(open('$log.json')); print('   first_calls', d.get('first_calls'), 'winner', d['rows'][0].get('winner_reason'))" 2>/dev/null
+    [ -f runs/matmul-grid216/optuna.db ] && cp runs/matmul-grid216/optuna.db $log.optuna.db
+  done
+fi
+if has gpus; then
+  # The same grid on 1 and on 2 GPUs of this box (GPU_COUNTS, default "1 2"), standalone,
+  # each from an empty Triton cache.
+  for n in ${GPU_COUNTS:-1 2}; do
+    vis=$(seq -s, 0 $((n-1)))
+    cache=/tmp/triton-gpus-$n; rm -rf $cache
+    log=$R/logs/grid216_${n}gpu
+    CUDA_VISIBLE_DEVICES=$vis TRITON_CACHE_DIR=$cache timeout 150 python3 -m harness run configs/matmul_grid216.yaml --json > $log.json 2> $log.log
+    echo "grid on $n GPU(s) rc=$? t=$(el)"; summ $log.json
+    python3 -c "import json; d=json.load(open('$log.json')); r=d['rows'][0]; n=sum(r['counts'][k] for k in ('measured','failed')); print('   trials', n, 'trials/h', round(n*3600/d['wall_s']), 'per GPU-hour', round(n*3600/d['gpu_held_s']), 'first_calls', d.get('first_calls'))" 2>/dev/null
     [ -f runs/matmul-grid216/optuna.db ] && cp runs/matmul-grid216/optuna.db $log.optuna.db
   done
 fi
