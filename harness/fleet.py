@@ -578,6 +578,9 @@ class Task:
     args: tuple
     tag: Any
     tries: int = 0
+    # Tasks of one group run on one GPU (the first free one the group gets; its
+    # replacement worker if it dies): measurements to be compared with each other.
+    group: str | None = None
 
 
 @dataclass
@@ -642,6 +645,7 @@ class Fleet:
         self._held_closed = 0.0  # GPU-held seconds of workers already gone
         self._requeue: list[Task] = []  # tasks to send again (worker lost or replaced)
         self._requested = False  # an autoscaler request is outstanding
+        self._groups: dict[str, _Slot] = {}  # Task.group -> the slot its tasks run on
 
     # -- connecting and discovering ---------------------------------------------------
     @staticmethod
@@ -863,12 +867,22 @@ class Fleet:
     def in_flight(self) -> int:
         return sum(len(s.queue) for s in self.slots) + len(self._requeue)
 
-    def _pick(self, key: str) -> _Slot | None:
-        free = [s for s in self._ready(key) if len(s.queue) < self._depth(s)]
-        return min(free, key=lambda s: len(s.queue)) if free else None
+    def _pick(self, task: Task) -> _Slot | None:
+        """The worker for ``task``: its group's if it has one, else the least loaded
+        ready worker of its hardware with room; None: none now."""
+        if task.group is not None:
+            slot = self._groups.get(task.group)
+            if slot is not None and any(s is slot for s in self.slots):
+                ok = slot.ready_at is not None and len(slot.queue) < self._depth(slot)
+                return slot if ok else None
+        free = [s for s in self._ready(task.hardware) if len(s.queue) < self._depth(s)]
+        slot = min(free, key=lambda s: len(s.queue)) if free else None
+        if slot is not None and task.group is not None:
+            self._groups[task.group] = slot
+        return slot
 
     def submit(self, task: Task) -> None:
-        slot = self._pick(task.hardware)
+        slot = self._pick(task)
         if slot is None:
             self._requeue.append(task)
             return
@@ -982,7 +996,7 @@ class Fleet:
         hardware has no worker left at all."""
         keep: list[Task] = []
         for task in self._requeue:
-            slot = self._pick(task.hardware)
+            slot = self._pick(task)
             if slot is not None:
                 self._send(slot, task)
             elif any(s.hardware == task.hardware for s in self.slots):

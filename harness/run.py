@@ -540,10 +540,12 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
         st.candidates = [remeasure.Candidate(cfg, res.get("latency_ms", math.nan))
                          for cfg, res in top]
         for i in remeasure.schedule(len(top), exp.search.remeasure_rounds):
+            # One GPU for all of a study's re-measurements: interleaving only cancels
+            # drifts if the candidates are compared on the same device.
             todo.setdefault(st.spec.hardware, []).append(Task(
                 st.spec.hardware, "measure",
                 (st.spec.kernel, st.spec.shape, st.spec.dtype, top[i][0], 0),
-                ("remeasure", st, i)))
+                ("remeasure", st, i), group=f"remeasure {st.spec.name}"))
     if not todo:
         return
     console.print(f"re-measuring the top configs of {sum(bool(s.candidates) for s in studies)}"

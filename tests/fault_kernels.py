@@ -160,16 +160,14 @@ class Faulty(Kernel):
 
     def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
         """Records that a compile child saw ``config`` (and compiles it on a GPU)."""
-        record("compile", config)
-        cfg = {**self.default_config, **config}
-        if not _interpreted():
-            x = inputs["x"]
-            _scale_kernel.warmup(x, torch.empty_like(x), x.numel(), BLOCK=int(cfg["BLOCK"]),
-                                 grid=(1,))
+        self._warmup("compile", inputs, config)
 
     def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
         """Records that the worker loaded ``config`` ahead (and loads it on a GPU)."""
-        record("load", config)
+        self._warmup("load", inputs, config)
+
+    def _warmup(self, event: str, inputs: Inputs, config: Config) -> None:
+        record(event, config)
         cfg = {**self.default_config, **config}
         if not _interpreted():
             x = inputs["x"]

@@ -387,3 +387,25 @@ def test_queued_configs_compile_ahead_in_child_processes(cl, events, tmp_path: P
             assert len(loads) == 1 and loads[0]["pid"] == launched[0]["pid"]
             assert compiled[0]["t"] <= loads[0]["t"] <= launched[0]["t"]
     assert loaded >= len(trials) - 1, log
+
+
+def test_remeasurement_of_a_study_runs_on_one_gpu(cl, events, tmp_path: Path) -> None:
+    """With two H100 workers the trials spread over both, but a study's interleaved
+    re-measurement of its top configs runs on one of them: candidates are compared on
+    the same device."""
+    sleeps = [0, 30, 60, 90, 120, 150]
+    path = _experiment(tmp_path, name="pinned", hardware=["H100"],
+                       search={"sampler": "grid", "trials": 6, "warm_start": False,
+                               "remeasure_top_k": 2, "remeasure_rounds": 3},
+                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": sleeps}},
+                       fleet={"queue_depth": 2, "compile_workers": 0})
+    summary, _ = _run(path)
+    (row,) = summary.rows
+    assert row["params"]["SLEEP_MS"] == 0 and row["remeasure_candidates"] == 2
+    launches = [e for e in read_events(events) if e["event"] == "launch"]
+    trial_pids = {e["pid"] for e in launches[:-18]}
+    assert len(trial_pids) == 2  # the search used both workers
+    # The last 18 launches: 2 candidates x 3 rounds x (1 check + 2 timed runs on the CPU).
+    tail = launches[-18:]
+    assert len({e["pid"] for e in tail}) == 1, [(e["pid"], e["config"]["SLEEP_MS"]) for e in tail]
+    assert [e["config"]["SLEEP_MS"] for e in tail[::3]] == [0, 30] * 3

@@ -241,3 +241,30 @@ def test_shipped_grid_config_is_valid() -> None:
     assert exp.search.trials >= 216 and exp.shapes == [{"M": 8192, "N": 8192, "K": 8192}]
     assert exp.fleet.compile_workers > 0 and exp.fleet.queue_depth > 2
     assert not math.isnan(exp.timing.rep_ms)
+
+
+def test_tasks_of_a_group_stay_on_one_worker() -> None:
+    """A study's re-measurements form a group: they all go to the worker the group first
+    got (even when another is emptier), wait while it is full, follow it when it is
+    replaced in place, and move only if it leaves the fleet."""
+    from harness.fleet import Task, _Slot
+
+    fl = Fleet(Timing(), 10, queue_depth=2)
+    a, b = (_Slot("H100", None, None, 0.0, ready_at=1.0) for _ in range(2))
+    fl.slots = [a, b]
+    b.queue.append((Task("H100", "measure", (), "x"), None))  # b busier: the group takes a
+    g = [Task("H100", "measure", (), i, group="remeasure s") for i in range(4)]
+    assert fl._pick(g[0]) is a
+    a.queue.append((g[0], None))
+    b.queue.clear()  # b is now empty, yet the group stays on a
+    assert fl._pick(g[1]) is a
+    a.queue.append((g[1], None))
+    assert fl._pick(g[2]) is None  # a is full: wait for it
+    assert fl._pick(Task("H100", "measure", (), "free")) is b  # others go anywhere
+    a.ready_at = None  # a's worker is being replaced in place: wait for it too
+    a.queue.clear()
+    assert fl._pick(g[2]) is None
+    a.ready_at = 2.0
+    assert fl._pick(g[2]) is a
+    fl.slots = [b]  # a dropped from the fleet: the group moves
+    assert fl._pick(g[3]) is b and fl._pick(g[3]) is b

@@ -17,22 +17,7 @@ PHASES=${PHASES:-tests grid zoo}
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"; } > $R/logs/env.txt 2>&1
 cat $R/logs/env.txt
 has() { [[ " $PHASES " == *" $1 "* ]]; }
-summ() {
-python3 - "$@" <<'PY'
-import json, sys, os
-for f in sys.argv[1:]:
-    try:
-        d = json.load(open(f))
-    except Exception as e:
-        print(os.path.basename(f), "no summary:", e); continue
-    print(os.path.basename(f), "wall", round(d.get("wall_s", 0), 1), "held", round(d.get("gpu_held_s", 0), 1),
-          "timing_fraction", round(d.get("timing_fraction") or 0, 3), "overhead", d.get("overhead_s"))
-    for r in d["rows"]:
-        print("   ", r["shape"], r["dtype"], r["hardware"], "best", r.get("latency_ms"), r.get("params"),
-              "eager", r.get("eager_latency_ms"), "default", r.get("default_latency_ms"), r["counts"],
-              (r.get("failures") or [""])[:1])
-PY
-}
+summ() { python3 benchmarks/device/summ.py "$@"; }
 
 if has tests; then
   timeout ${TEST_S:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \

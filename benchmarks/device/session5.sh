@@ -4,13 +4,10 @@
 #            (diag_startup.py)
 #   tests    GPU tests: GPU_TESTS="files" GPU_K="-k expression" (default: the fleet's
 #            and the grouped GEMM's files)
-#   grid     the 216-config bf16 matmul grid at 8192^3 on this GPU, GRID_RUNS times
-#            (standalone: own local Ray, cold Triton cache), then GRID_JOINED times joined
-#            to a running `ray start --head` (warm Ray, cold Triton cache)
+#   ggmini   24 grouped-GEMM configs through the harness, first launch vs compile-ahead
+#   grid     the 216-config bf16 matmul grid at 8192^3 on this GPU, once per entry of
+#            GRID_SPECS ("standalone|joined:full|mf"; each from an empty Triton cache)
 #   gpus     the grid on 1 and on 2 GPUs of this box (GPU_COUNTS="1 2")
-#   ggemm    grouped GEMM: kernel variants vs torch._grouped_mm / dense / loop
-#            (benchmarks/grouped_gemm_variants.py)
-#   zoo      tuning runs that freeze this GPU's packs: ZOO="cfg[:timeout_s] ..."
 #   sweeps   exhaustive sweeps for the replay benchmark (record_sweeps.sh): SWEEPS="..."
 # Everything lands in $OUT/all.tar.gz (the device returns at most 8 files).
 set -uo pipefail
@@ -23,22 +20,7 @@ PHASES=${PHASES:-diag}
   nproc; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"; } > $R/logs/env.txt 2>&1
 cat $R/logs/env.txt
 has() { [[ " $PHASES " == *" $1 "* ]]; }
-summ() {
-python3 - "$@" <<'PY'
-import json, sys, os
-for f in sys.argv[1:]:
-    try:
-        d = json.load(open(f))
-    except Exception as e:
-        print(os.path.basename(f), "no summary:", e); continue
-    print(os.path.basename(f), "wall", round(d.get("wall_s", 0), 1), "held", round(d.get("gpu_held_s", 0), 1),
-          "timing_fraction", round(d.get("timing_fraction") or 0, 3), "overhead", d.get("overhead_s"))
-    print("   timeline", d.get("timeline_s"))
-    for r in d["rows"]:
-        print("   ", r["shape"], r["dtype"], r["hardware"], "best", r.get("latency_ms"), r.get("params"),
-              "default", r.get("default_latency_ms"), r["counts"], (r.get("failures") or [""])[:1])
-PY
-}
+summ() { python3 benchmarks/device/summ.py "$@"; }
 
 if has diag; then
   timeout 240 python3 benchmarks/device/diag_compile_ahead.py > $R/logs/diag_compile_ahead.json 2> $R/logs/diag_compile_ahead.log
@@ -104,25 +86,6 @@ if has gpus; then
     python3 -c "import json; d=json.load(open('$log.json')); r=d['rows'][0]; n=sum(r['counts'][k] for k in ('measured','failed')); print('   trials', n, 'trials/h', round(n*3600/d['wall_s']), 'per GPU-hour', round(n*3600/d['gpu_held_s']), 'first_calls', d.get('first_calls'))" 2>/dev/null
     [ -f runs/matmul-grid216/optuna.db ] && cp runs/matmul-grid216/optuna.db $log.optuna.db
   done
-fi
-if has ggemm; then
-  timeout ${GGEMM_S:-200} python3 benchmarks/grouped_gemm_variants.py --out $R/results/grouped_gemm_variants.json \
-      > $R/logs/grouped_gemm_variants.log 2>&1
-  echo "ggemm rc=$? t=$(el)"; tail -30 $R/logs/grouped_gemm_variants.log
-fi
-if has zoo; then
-  ray start --head --node-ip-address=127.0.0.1 --include-dashboard=false > $R/logs/ray_start.txt 2>&1
-  export RAY_ADDRESS=127.0.0.1:6379
-  for item in ${ZOO:-}; do
-    cfg=${item%%:*}; t=${item#*:}; [ "$t" = "$item" ] && t=60
-    n=$(basename $cfg .yaml)
-    left=$(( ${BUDGET_S:-560} - $(el) ))
-    if [ $left -lt $(( t + 20 )) ]; then echo "skip $n: ${left} s left"; continue; fi
-    timeout $(( t + 120 )) python3 -m harness run $cfg --json --set search.timeout_s=$t --set baselines.compile=false \
-        > $R/logs/tune_$n.json 2> $R/logs/tune_$n.log
-    echo "zoo $n rc=$? t=$(el)"; summ $R/logs/tune_$n.json
-  done
-  ray stop > /dev/null 2>&1; unset RAY_ADDRESS
 fi
 if has sweeps; then  # record_sweeps.sh starts its own `ray start --head`
   BUDGET_S=${SWEEP_S:-150} timeout $(( ${SWEEP_S:-150} + 20 )) bash benchmarks/device/record_sweeps.sh ${SWEEPS:-} > $R/logs/sweeps.log 2>&1
