@@ -6,8 +6,9 @@ to run. At the end of a study its top ``k`` configs are measured again, interlea
 (A B C A B C ...), so that slow drifts hit them alike; the winner is the one with the
 lowest median of those re-measurements, and each candidate's spread is recorded.
 
-When candidates are within noise of the best (their ranges overlap, or they are within
-``NOISE`` of it), the one that is more robust across neighbouring shapes wins: the one
+When candidates are within noise of the best (their median within ``NOISE`` of the best
+median, or within half the best's own spread of re-measurements, at most ``MAX_NOISE``),
+the one that is more robust across neighbouring shapes wins: the one
 whose latency, relative to the best of each other study of the same kernel, dtype and
 hardware, is lowest on average where it was measured there. With no such evidence the
 one with the smallest footprint wins (fewest pipeline stages, then warps, then the
@@ -26,8 +27,11 @@ from typing import Any
 
 from harness.search import config_key
 
-#: Candidates within this fraction of the best median are "within noise" of it.
+#: Candidates within this fraction of the best median are "within noise" of it ...
 NOISE = 0.01
+#: ... or within half the best's relative spread, up to this much: a single slow
+#: re-measurement must not make a config 10 % slower by its median a tie.
+MAX_NOISE = 0.03
 
 
 def schedule(n: int, rounds: int) -> list[int]:
@@ -89,8 +93,8 @@ def pick(cands: Sequence[Candidate],
     if not ok:
         return None
     best = min(ok, key=lambda c: c.median)
-    tied = [c for c in ok if c.median <= best.median * (1 + NOISE)
-            or (c.lo <= best.hi and c is not best)]
+    band = min(MAX_NOISE, max(NOISE, (best.spread if best.spread == best.spread else 0) / 2))
+    tied = [c for c in ok if c.median <= best.median * (1 + band)]
     if len(tied) > 1:
         scored = sorted(tied, key=lambda c: (robust(c.config), c.median))
         if math.isfinite(robust(scored[0].config)):

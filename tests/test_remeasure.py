@@ -104,3 +104,19 @@ def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path) -> None:
     entry = packs.read(tmp_path / "packs" / "cpu" / "faulty.json")["kernels"]["faulty"]["fp32"]
     metrics = next(iter(entry.values()))["metrics"]
     assert metrics["remeasure_rounds"] == 2 and metrics["latency_ms"] == row["remeasured_ms"]
+
+
+def test_a_config_clearly_slower_by_its_median_is_no_tie() -> None:
+    """Seen on 2 x H200: one slow re-measurement widened the best's range so far that a
+    candidate 10 % slower by its median counted as a tie and won on footprint. Ties are
+    medians within half the best's spread, at most MAX_NOISE."""
+    tiles = {"BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8}
+    best = Candidate({**tiles, "num_stages": 4}, 1.6, samples=[1.60, 1.61, 1.77])
+    slow = Candidate({**tiles, "num_stages": 3}, 1.6, samples=[1.595, 1.77, 1.771])
+    win, why = remeasure.pick([slow, best])
+    assert win is best and "lowest median" in why
+    # Within half the best's spread (here 2 %, under the cap): a tie, footprint decides.
+    near = Candidate({**tiles, "num_stages": 3}, 1.6, samples=[1.62, 1.625, 1.63])
+    best2 = Candidate({**tiles, "num_stages": 4}, 1.6, samples=[1.57, 1.61, 1.64])
+    win, why = remeasure.pick([best2, near])
+    assert win is near and "footprint" in why
