@@ -100,7 +100,7 @@ def pin_triton_cache_dir() -> str:
     torch.compile (Inductor) points ``TRITON_CACHE_DIR`` at a directory of its own the
     first time it runs a Triton kernel, unless the variable is set: after a torch.compile
     baseline, a worker would look for its binaries where its compile children never
-    wrote them, and compile every config again itself (seen on an H200: 0.3-1.5 s per
+    wrote them, and compile every config again itself (seen on an H200: 0.2-1.5 s per
     grouped-GEMM trial)."""
     path = os.environ.get("TRITON_CACHE_DIR")
     if not path:
@@ -474,7 +474,7 @@ class Worker:
         """While the current task is measured, load the binary of the next queued config
         of the same problem into this process (``load_only``: Triton's in-memory cache,
         the GPU module, the launcher), once its compile child is done, so that its first
-        launch only launches (about 4 ms a config of an 8192^3 matmul on an H200). Only
+        launch only launches (1.7 ms less a config of an 8192^3 matmul on an H200). Only
         binaries compiled ahead successfully: a compile here would compete with the
         timing for the CPU. Called when a measure task starts and when the next one
         arrives."""
