@@ -335,7 +335,7 @@ class Worker:
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="harness-load-ahead")
         self._loads: dict[tuple[str, str], Future] = {}
         self._seq = -1  # the task the loop is running
-        self._current: tuple[Any, dict, str, int] | None = None  # its problem (measure)
+        self._current: tuple[str, Any, dict, str, int] | None = None  # its problem
         self._load_lock = threading.Lock()
         self._skeletons: dict[str, Any] = {}  # problem -> skeleton of its inputs
         self._stash: dict[str, list[dict]] = {}  # problem -> configs hinted before it loaded
@@ -438,9 +438,10 @@ class Worker:
         fam = kernel_api.get(kernel)
         t_wait = time.perf_counter()
         pre = self._problem_loaded(kernel, fam, shape, dtype, seed, config)
-        self._loaded(_problem_key(kernel, shape, dtype, seed), config)
+        problem = _problem_key(kernel, shape, dtype, seed)
+        self._loaded(problem, config)
         wait_s = time.perf_counter() - t_wait
-        self._current = (fam, shape, dtype, seed)
+        self._current = (problem, fam, shape, dtype, seed)
         self._load_ahead()
         full = self.measurer.timing
         if timing:
@@ -483,15 +484,14 @@ class Worker:
         current, seq = self._current, self._seq
         if self.pre is None or current is None:
             return
-        fam, shape, dtype, seed = current
+        problem, fam, shape, dtype, seed = current
         with self._cv:
             nxt = self._tasks.get(seq + 1)
         if nxt is None or nxt[0] != "measure" or not hasattr(fam, "load_only"):
             return
         kernel, n_shape, n_dtype, config, n_seed = nxt[1][:5]
-        problem = _problem_key(kernel, n_shape, n_dtype, n_seed)
-        if kernel_api.get(kernel) is not fam or problem != _problem_key(kernel, shape, dtype,
-                                                                         seed):
+        if (kernel_api.get(kernel) is not fam
+                or _problem_key(kernel, n_shape, n_dtype, n_seed) != problem):
             return
         inputs = self.measurer.held(fam, shape, dtype, seed)
         compiling = self.pre.pending(problem, config)

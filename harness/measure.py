@@ -301,6 +301,10 @@ def roofline_ms(kernel: Kernel, shape: Shape, dtype: str, peaks: Mapping[str, fl
 # -- the measurer ---------------------------------------------------------------------
 
 
+def _problem_id(kernel: Kernel, shape: Shape, dtype: str, seed: int) -> tuple:
+    return (kernel.name, tuple(sorted(shape.items())), dtype, seed)
+
+
 class Measurer:
     """Holds one problem's inputs and reference, and measures configs against them.
 
@@ -332,8 +336,7 @@ class Measurer:
         """The problem's inputs if they are the ones held now (never builds them); safe to
         call from another thread than the measuring one."""
         held = self._held
-        if held is not None and held[0] == (kernel.name, tuple(sorted(shape.items())), dtype,
-                                            seed):
+        if held is not None and held[0] == _problem_id(kernel, shape, dtype, seed):
             return held[1]
         return None
 
@@ -343,7 +346,7 @@ class Measurer:
         return self._inputs
 
     def _problem(self, kernel: Kernel, shape: Shape, dtype: str, seed: int) -> None:
-        key = (kernel.name, tuple(sorted(shape.items())), dtype, seed)
+        key = _problem_id(kernel, shape, dtype, seed)
         if key == self._key:
             return
         self._key, self._inputs, self._ref, self._ref_prep = None, {}, None, None
