@@ -21,8 +21,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
 from typing import Any
@@ -287,6 +288,20 @@ def _auto_compile_workers() -> int:
     return max(1, min(16, int((cores or 2) // max(1, gpus)) - 1))
 
 
+def _warm_check() -> None:
+    """Build the accuracy check's fused kernel while the worker starts: its compile and
+    launcher would otherwise land on the first trials' checks (GPU-held time)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from harness import accuracy
+
+            accuracy.warm_up("cuda")
+    except Exception as exc:  # the first checks build it instead
+        log.warning("accuracy check warm-up failed: %s", exc)
+
+
 def _problem_key(kernel: str, shape: Mapping[str, int], dtype: str, seed: int) -> str:
     return json.dumps([kernel, dict(sorted(shape.items())), dtype, seed])
 
@@ -300,8 +315,10 @@ class Worker:
     """One per GPU (or one CPU worker running Triton's interpreter).
 
     The driver ``enqueue``s numbered tasks and collects each with ``result``; one
-    thread runs them strictly in number order, so nothing else runs on the GPU while a
-    kernel is timed. Queued configs are compiled ahead by a ``Precompiler``.
+    thread runs them one at a time, so nothing else runs on the GPU while a kernel is
+    timed: in number order, except that a measurement whose config is compiled may run
+    ahead of an older one still compiling (``_pick``). Queued configs are compiled ahead
+    by a ``Precompiler``.
     """
 
     def __init__(self, hardware_key: str, timing: dict[str, float],
@@ -316,8 +333,11 @@ class Worker:
         if compile_workers == "auto":
             compile_workers = _auto_compile_workers()
         self.pre: Precompiler | None = None
+        warm: threading.Thread | None = None
         if gpu_ids and _gpu_device_nodes():
             self._start_precompiler(int(compile_workers), True)
+            warm = threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True)
+            warm.start()
         import torch
 
         if not torch.cuda.is_available():
@@ -350,7 +370,10 @@ class Worker:
         self._cv = threading.Condition()
         self._tasks: dict[int, tuple[str, tuple]] = {}
         self._results: dict[int, dict] = {}
-        self._next = 0
+        self._next = 0  # the oldest task not run yet
+        self._ran: set[int] = set()  # tasks run ahead of an older one
+        if warm is not None:
+            warm.join(timeout=60)
         threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
 
     def _start_precompiler(self, processes: int, has_gpu: bool) -> None:
@@ -387,8 +410,7 @@ class Worker:
         if method == "measure" and self.pre is not None:
             kernel, shape, dtype, config, seed = args[:5]
             self._hint(kernel, shape, dtype, seed, [config])
-            if seq == self._seq + 1:  # next after the task running now
-                self._load_ahead()
+            self._load_ahead()  # it may be the one to run next
 
     @ray.method(concurrency_group="results")
     def result(self, seq: int) -> dict[str, Any]:
@@ -402,11 +424,17 @@ class Worker:
             t_idle = time.perf_counter()
             with self._cv:
                 self._cv.wait_for(lambda: self._next in self._tasks)
-                idle_s = time.perf_counter() - t_idle  # the driver had nothing queued
-                seq = self._next
+            idle_s = time.perf_counter() - t_idle  # the driver had nothing queued
+            t_pick = time.perf_counter()
+            seq = self._pick(block=True)
+            ahead_s = time.perf_counter() - t_pick  # every queued config still compiling
+            with self._cv:
                 method, args = self._tasks.pop(seq)
-                self._next += 1
                 self._seq = seq
+                self._ran.add(seq)
+                while self._next in self._ran:
+                    self._ran.discard(self._next)
+                    self._next += 1
             t_task = time.perf_counter()
             try:
                 if self.poisoned:
@@ -417,11 +445,54 @@ class Worker:
             except BaseException as exc:  # a harness bug must not kill the loop
                 out = TrialResult(ok=False, reason=f"harness error: {type(exc).__name__}: "
                                   f"{exc}"[:400]).to_dict()
-            out.setdefault("extra", {}).update(idle_s=idle_s,
-                                               task_s=time.perf_counter() - t_task)
+            extra = out.setdefault("extra", {})
+            extra.update(idle_s=idle_s, task_s=time.perf_counter() - t_task + ahead_s,
+                         setup_s=extra.get("setup_s", 0.0) + ahead_s)
             with self._cv:
                 self._results[seq] = out
                 self._cv.notify_all()
+
+    @ray.method(concurrency_group="control")
+    def running(self) -> int:
+        """The task the loop runs now (or ran last): the one a hang is blamed on."""
+        return self._seq
+
+    def _compiling(self, task: tuple[str, tuple]) -> Future | None:
+        """The ahead-of-time compile of a queued measurement of the problem in hand (None:
+        another problem's, a baseline, or a config not compiled ahead)."""
+        method, args = task
+        current = self._current
+        if method != "measure" or self.pre is None or current is None:
+            return None
+        kernel, shape, dtype, config, seed = args[:5]
+        if _problem_key(kernel, shape, dtype, seed) != current[0]:
+            return None
+        return self.pre.pending(current[0], config)
+
+    def _pick(self, block: bool) -> int | None:
+        """The task to run next: the oldest, unless it waits for its compile child while
+        a later measurement of the same problem has its binary: then the oldest of those.
+        The GPU times whatever is compiled instead of waiting for one slow compile (the
+        first configs of a run, a config with deep pipelines). ``block``: wait until one
+        can run; else None when none can now."""
+        while True:
+            with self._cv:
+                head = self._next
+                queued = sorted(self._tasks.items())
+            if not queued or queued[0][0] != head:
+                return None if not block else head  # the oldest has not arrived (no block)
+            waits: list[Future] = []
+            for seq, task in queued:
+                fut = self._compiling(task)
+                if seq == head and fut is None:
+                    return head
+                if fut is not None:
+                    if fut.done():
+                        return seq
+                    waits.append(fut)
+            if not block:
+                return None
+            futures_wait(waits, timeout=0.02, return_when=FIRST_COMPLETED)
 
     def peaks(self) -> dict[str, float]:
         from harness.measure import device_peaks
@@ -463,6 +534,8 @@ class Worker:
 
         fam = kernel_api.get(kernel)
         self._problem_loaded(kernel, fam, shape, dtype, seed, None)
+        if self.pre is not None:  # the problem in hand: its trials may run as they compile
+            self._current = (_problem_key(kernel, shape, dtype, seed), fam, shape, dtype, seed)
         res = self.measurer.measure_eager(fam, shape, dtype, seed, compiled)
         if res.fatal:
             self.poisoned = f"the device context was poisoned by an earlier task ({res.reason})"
@@ -472,8 +545,8 @@ class Worker:
 
     # -- loading ahead --------------------------------------------------------------------
     def _load_ahead(self) -> None:
-        """While the current task is measured, load the binary of the next queued config
-        of the same problem into this process (``load_only``: Triton's in-memory cache,
+        """While the current task is measured, load the binary of the config to run next
+        (``_pick``) into this process (``load_only``: Triton's in-memory cache,
         the GPU module, the launcher), once its compile child is done, so that its first
         launch only launches (1.7 ms less a config of an 8192^3 matmul on an H200). Only
         binaries compiled ahead successfully: a compile here would compete with the
@@ -481,12 +554,13 @@ class Worker:
         arrives."""
         from harness import kernel_api
 
-        current, seq = self._current, self._seq
+        current = self._current
         if self.pre is None or current is None:
             return
         problem, fam, shape, dtype, seed = current
+        upcoming = self._pick(block=False)
         with self._cv:
-            nxt = self._tasks.get(seq + 1)
+            nxt = self._tasks.get(self._next if upcoming is None else upcoming)
         if nxt is None or nxt[0] != "measure" or not hasattr(fam, "load_only"):
             return
         kernel, n_shape, n_dtype, config, n_seed = nxt[1][:5]
@@ -578,6 +652,7 @@ class Task:
     args: tuple
     tag: Any
     tries: int = 0
+    seq: int = -1  # its number on the worker it was last sent to
     # Tasks of one group run on one GPU (the first free one the group gets; its
     # replacement worker if it dies): measurements to be compared with each other.
     group: str | None = None
@@ -892,6 +967,7 @@ class Fleet:
         if not slot.queue:
             slot.head_started = time.monotonic()
         seq, slot.seq = slot.seq, slot.seq + 1
+        task.seq = seq
         slot.actor.enqueue.remote(seq, task.method, task.args)
         slot.queue.append((task, slot.actor.result.remote(seq)))
 
@@ -936,9 +1012,10 @@ class Fleet:
         idx = next(i for i, (_, r) in enumerate(slot.queue) if r is ref)
         slot.queue.pop(idx)
         hw = slot.hardware
-        if idx == 0:
-            self.busy_s[hw] = self.busy_s.get(hw, 0.0) + now - slot.head_started
-            slot.head_started = now
+        # A worker runs one task at a time, though not always the oldest first: the
+        # time between two of its results is the later one's.
+        self.busy_s[hw] = self.busy_s.get(hw, 0.0) + now - slot.head_started
+        slot.head_started = now
         result = TrialResult(**raw)
         self.timing_s[hw] = self.timing_s.get(hw, 0.0) + (result.timing_s or 0.0)
         self._book(task, result)
@@ -981,7 +1058,7 @@ class Fleet:
                                      f"within {self.start_timeout_s:g} s")
                 continue
             if slot.queue and now - slot.head_started > self.trial_timeout_s:
-                task = slot.queue.pop(0)[0]
+                task = slot.queue.pop(self._running(slot))[0]
                 self.busy_s[slot.hardware] = (self.busy_s.get(slot.hardware, 0.0)
                                               + now - slot.head_started)
                 done.append((task, TrialResult(
@@ -990,6 +1067,15 @@ class Fleet:
                 self._replace(slot, f"{slot.hardware}: worker on node "
                                     f"{slot.info.get('node_id', '?')[:12]} killed after a "
                                     f"{self.trial_timeout_s:g} s time-out")
+
+    def _running(self, slot: _Slot) -> int:
+        """Which of ``slot``'s queued tasks its worker is running (the oldest where the
+        worker does not answer: a hang may hold the whole process)."""
+        try:
+            seq = ray.get(slot.actor.running.remote(), timeout=5)
+        except Exception:
+            return 0
+        return next((i for i, (t, _) in enumerate(slot.queue) if t.seq == seq), 0)
 
     def _drain(self, done: list) -> None:
         """Send requeued tasks to workers of their hardware with room; fail those whose

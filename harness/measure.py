@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import hardware
-from harness.kernel_api import Config, DeviceSpec, Kernel, Shape, Tolerance
+from harness.accuracy import RefPrep, compare, prepare_reference
+from harness.kernel_api import Config, DeviceSpec, Kernel, Shape
 
 #: Substrings of errors after which the CUDA context cannot be trusted again.
 _FATAL_MARKERS = (
@@ -66,102 +67,6 @@ class Timing:
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
     cpu_reps: int = 2  # interpreter runs: wall-clock reps (they say nothing about GPUs)
-
-
-# -- accuracy -------------------------------------------------------------------------
-
-
-def _as_tuple(x: Any) -> tuple:
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-@dataclass
-class _RefPrep:
-    """What comparing against one reference tensor needs, computed once per problem."""
-
-    ref: Any  # the reference in the comparison dtype
-    scale: Any  # |ref|
-    floor: Any  # |ref| clamped at 1e-6 x max|ref|: the relative errors' denominators
-    denom: float  # max |ref| (at least 1e-30)
-
-
-def _cmp_dtype(*tensors: Any) -> Any:
-    """float64 where a side is float64, else float32: a difference of two float32 values
-    within a factor two of each other is exact, so float32 loses nothing an fp16, bf16 or
-    fp32 output could show, at half float64's memory traffic (a trial's check reads the
-    whole output)."""
-    import torch
-
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-def _prep(r: Any, dtype: Any, device: Any) -> _RefPrep:
-    rw = r.detach().to(device=device, dtype=dtype)
-    scale = rw.abs()
-    denom = max(float(scale.max()) if scale.numel() else 0.0, 1e-30)
-    return _RefPrep(rw, scale, scale.clamp_min(1e-6 * denom), denom)
-
-
-def prepare_reference(ref: Any) -> list[_RefPrep]:
-    """The per-problem part of ``compare``, so that each trial's check reads only its
-    own output and the reference once."""
-    return [_prep(r, _cmp_dtype(r), r.device) for r in _as_tuple(ref)]
-
-
-def compare(out: Any, ref: Any, tol: Tolerance,
-            prepared: list[_RefPrep] | None = None) -> dict[str, Any]:
-    """Element-wise comparison of (possibly tuple) outputs against the reference.
-    ``prepared``: ``prepare_reference(ref)``, where the caller compares many outputs
-    against one reference."""
-    import torch
-
-    outs, refs = _as_tuple(out), _as_tuple(ref)
-    if len(outs) != len(refs):
-        return {"ok": False, "reason": f"output has {len(outs)} tensors, reference {len(refs)}"}
-    worst_abs = worst_rel = 0.0
-    n_total = n_1e3 = n_1e2 = 0
-    ok, reason = True, ""
-    for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
-        if tuple(o.shape) != tuple(r.shape):
-            return {"ok": False, "reason": f"output {i} shape {tuple(o.shape)} != {tuple(r.shape)}"}
-        dt = _cmp_dtype(o, r)
-        p = prepared[i] if prepared and i < len(prepared) else None
-        if p is None or p.ref.dtype != dt or p.ref.device != o.device:
-            p = _prep(r, dt, o.device)
-        ow = o.detach().to(dt)
-        diff = (ow - p.ref).abs_()
-        zero = diff.new_zeros(())
-        # One host sync for all of the statistics.
-        stats = torch.stack([x.to(torch.float64) for x in (
-            (~torch.isfinite(ow)).sum(),
-            diff.max() if diff.numel() else zero,
-            ((diff <= 1e-3) | (diff <= 1e-3 * p.floor)).sum(),
-            ((diff <= 1e-2) | (diff <= 1e-2 * p.floor)).sum(),
-            (diff > tol.atol + tol.rtol * p.scale).sum(),
-        )]).tolist()
-        nonfinite, max_abs, within_1e3, within_1e2, n_bad = (stats[0], stats[1], *stats[2:])
-        if nonfinite:
-            return {"ok": False, "reason": f"output {i} has {int(nonfinite)} NaN/Inf values"}
-        worst_abs = max(worst_abs, max_abs)
-        # Relative error against the tensor's own magnitude, so near-zero elements of a
-        # well-scaled output do not dominate.
-        worst_rel = max(worst_rel, max_abs / p.denom)
-        n_total += diff.numel()
-        n_1e3 += int(within_1e3)
-        n_1e2 += int(within_1e2)
-        if ok and n_bad:
-            ok = False
-            reason = (f"wrong result: output {i}: {int(n_bad)}/{diff.numel()} elements "
-                      f"outside atol={tol.atol:g} rtol={tol.rtol:g} "
-                      f"(max abs err {max_abs:.3g})")
-    return {
-        "ok": ok,
-        "reason": reason,
-        "max_abs_err": worst_abs,
-        "max_rel_err": worst_rel,
-        "frac_within_1e3": n_1e3 / max(n_total, 1),
-        "frac_within_1e2": n_1e2 / max(n_total, 1),
-    }
 
 
 # -- compiles -------------------------------------------------------------------------
@@ -320,7 +225,7 @@ class Measurer:
         self._key: tuple | None = None
         self._inputs: dict[str, Any] = {}
         self._ref: Any = None
-        self._ref_prep: list[_RefPrep] | None = None
+        self._ref_prep: list[RefPrep] | None = None
         self._held: tuple[tuple, dict[str, Any]] | None = None  # (key, inputs), for held()
 
     def release(self) -> None:

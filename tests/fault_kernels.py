@@ -10,6 +10,7 @@ One family, one tunable ``FAULT`` that picks what goes wrong:
 - ``illegal``: on a GPU a kernel storing 2**40 elements past its buffer, a real illegal
   address that poisons the CUDA context; on the CPU CUDA's error text as a RuntimeError;
 - ``hang``: sleeps an hour;
+- ``COMPILE_MS``: how long its ahead-of-time compile takes;
 - ``wrong``: a result off by one; ``nan``: a result with a NaN.
 
 Every launch, ``compile_only`` and ``load_only`` appends a JSON line to ``$FAULT_DIR/events.jsonl``
@@ -106,9 +107,10 @@ class Faulty(Kernel):
     name: ClassVar[str] = "faulty"
     dims: ClassVar[tuple[str, ...]] = ("N",)
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
-    default_config: ClassVar[dict[str, Any]] = {"FAULT": "none", "SLEEP_MS": 0, "BLOCK": 128}
+    default_config: ClassVar[dict[str, Any]] = {"FAULT": "none", "SLEEP_MS": 0, "BLOCK": 128,
+                                                "COMPILE_MS": 0}
     space: ClassVar[dict[str, Any]] = {"params": {"FAULT": list(FAULTS), "SLEEP_MS": [0],
-                                                  "BLOCK": [128]}}
+                                                  "BLOCK": [128], "COMPILE_MS": [0]}}
     shapes: ClassVar[dict[str, dict[str, int]]] = {"test": {"N": 256}}
 
     def make_inputs(self, shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
@@ -159,7 +161,9 @@ class Faulty(Kernel):
         return run
 
     def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
-        """Records that a compile child saw ``config`` (and compiles it on a GPU)."""
+        """Records that a compile child saw ``config`` (and compiles it on a GPU), after
+        ``COMPILE_MS``: a config that is slow to compile."""
+        time.sleep(float({**self.default_config, **config}["COMPILE_MS"]) / 1e3)
         self._warmup("compile", inputs, config)
 
     def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:

@@ -409,3 +409,33 @@ def test_remeasurement_of_a_study_runs_on_one_gpu(cl, events, tmp_path: Path) ->
     tail = launches[-18:]
     assert len({e["pid"] for e in tail}) == 1, [(e["pid"], e["config"]["SLEEP_MS"]) for e in tail]
     assert [e["config"]["SLEEP_MS"] for e in tail[::3]] == [0, 30] * 3
+
+
+def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(
+        cl, events, tmp_path: Path) -> None:
+    """The GPU times whatever is compiled: queued configs whose compile child is done run
+    ahead of an older one whose compile takes seconds, and the wait that is left is
+    booked as setup, not as the driver's idle time."""
+    path = _experiment(tmp_path, name="order", hardware=["H200"], seed=3,
+                       search={"sampler": "grid", "trials": 4, "warm_start": False,
+                               "remeasure_top_k": 0},
+                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10],
+                                                "COMPILE_MS": [0, 3000]}},
+                       fleet={"queue_depth": 4, "compile_workers": 4})
+    summary, _ = _run(path)
+    trials = _by_status(_trials(tmp_path, "order", f"order/{FAULTY}/N=256/fp32/H200"),
+                        "measured")
+    assert len(trials) == 4
+    slow = sorted(t.number for t in trials if t.params["COMPILE_MS"])
+    fast = sorted(t.number for t in trials if not t.params["COMPILE_MS"])
+    assert min(slow) < max(fast)  # a slow config was handed out before a fast one
+    log = read_events(events)
+
+    def first_launch(params: dict) -> float:
+        return min(e["t"] for e in log if e["event"] == "launch" and e["config"] == params)
+
+    by_number = {t.number: t.params for t in trials}
+    assert max(first_launch(by_number[n]) for n in fast) < min(
+        first_launch(by_number[n]) for n in slow), log
+    assert summary.overhead["setup"] >= 2.0  # waiting for the slow compiles
+    assert summary.overhead["idle"] < 2.0

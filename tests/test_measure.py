@@ -104,3 +104,55 @@ def test_pin_triton_cache_dir(monkeypatch, tmp_path) -> None:
     assert path == os.environ["TRITON_CACHE_DIR"] == str(tmp_path / ".triton" / "cache")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
     assert fleet.pin_triton_cache_dir() == str(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fused_check_kernel_agrees_with_the_torch_statistics(dtype: torch.dtype) -> None:
+    """The GPU path's one-pass kernel (run here by Triton's interpreter) against the
+    PyTorch statistics, with NaN, Inf, bad elements and a ragged last block."""
+    from harness import accuracy
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    n = 2 * accuracy._BLOCK + 517
+    ref = torch.randn(n, generator=g) * 3
+    out = (ref + 2e-3 * torch.randn(n, generator=g)).to(dtype)
+    out[7] = ref[7] + 0.5
+    out[n - 1] = ref[n - 1] - 0.25
+    out[100] = math.nan
+    out[n - 3] = -math.inf
+    prep = accuracy.prepare_reference(ref)[0]
+    tol = Tolerance(5e-3, 1e-3)
+    want = accuracy.stats_torch(out, prep, tol).tolist()
+    got = accuracy.stats_fused(out, prep, tol).tolist()
+    assert got[0] == want[0] == 2  # NaN and -Inf
+    assert got[1] == pytest.approx(want[1], rel=1e-6)  # largest finite difference
+    assert got[2:] == want[2:]
+    assert got[4] >= 2
+
+
+@pytest.mark.gpu
+def test_fused_check_on_the_gpu_matches_torch_and_is_faster() -> None:
+    """On a GPU: an 8192^2 bf16 output with injected errors, the fused kernel's statistics
+    against PyTorch's, and both timed (the fused one is the trial's check)."""
+    from triton.testing import do_bench
+
+    from harness import accuracy
+
+    g = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, ())))
+    ref = torch.randn(8192, 8192, device="cuda", generator=g)
+    out = (ref + 1e-2 * torch.randn(8192, 8192, device="cuda", generator=g)).bfloat16()
+    out[5, 7] = math.nan
+    out[8000, 3] += 4.0
+    prep = accuracy.prepare_reference(ref)[0]
+    tol = Tolerance(3e-2, 1e-2)
+    want = accuracy.stats_torch(out, prep, tol).tolist()
+    got = accuracy.stats_fused(out, prep, tol).tolist()
+    assert got[0] == want[0] == 1
+    assert got[1] == pytest.approx(want[1], rel=1e-6) and got[1] >= 3.9
+    assert got[2:] == want[2:] and got[4] >= 1
+    res = compare(out, ref, tol, [prep])
+    assert not res["ok"] and "1 NaN/Inf" in res["reason"]
+    t_fused = do_bench(lambda: accuracy.stats_fused(out, prep, tol).tolist(), rep=200)
+    t_torch = do_bench(lambda: accuracy.stats_torch(out, prep, tol).tolist(), rep=200)
+    print(f"check of an 8192^2 bf16 output: fused {t_fused:.3f} ms, torch {t_torch:.3f} ms")
+    assert t_fused < t_torch
