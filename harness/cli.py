@@ -82,7 +82,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
             "timing_fraction": summary.timing_fraction, "overhead_s": summary.overhead,
             "timeline_s": summary.timeline, "first_calls": summary.first_calls,
-            "workers_replaced": summary.replaced, "trials_retried": summary.retried,
+            "workers_replaced": summary.replaced, "workers_reused": summary.reused,
+            "trials_retried": summary.retried,
             "events": summary.events,
             "resumed": summary.resumed,
         }, default=str, indent=1))
@@ -98,7 +99,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         out.print(f"wall {summary.wall_s:.1f} s; GPUs held {summary.held_s:.1f} s, of which "
                   f"{summary.timing_s:.1f} s timing kernels "
                   f"({_fmt(summary.timing_fraction * 100, '.0f', '%')}); "
-                  f"{summary.replaced} workers replaced, {summary.retried} trials retried")
+                  f"{summary.replaced} workers replaced, {summary.retried} trials retried"
+                  + (f", {summary.reused} kept workers reused" if summary.reused else ""))
         if summary.overhead:
             parts = ", ".join(f"{k} {v:.1f} s" for k, v in summary.overhead.items() if v >= 0.05)
             out.print(f"GPU-held time by phase: {parts}")

@@ -98,6 +98,11 @@ class FleetSettings(_Strict):
         "(0: compile on first launch; auto: the node's cores per GPU less one, at most 16)")
     max_retries: int = Field(2, ge=0, description="retries of a trial whose worker was lost")
     start_timeout_s: float = Field(600.0, gt=0, description="how long a worker may take to start")
+    keep_workers_s: float = Field(
+        0.0, ge=0, description="keep the GPU workers and their compile processes this many "
+        "idle seconds after the run, on a cluster that outlives it (`ray start --head`, `ray "
+        "job submit`), so that the next run with the same code starts on them at once "
+        "(0: they end with the run; they hold their GPUs while kept)")
 
 
 class BaselineSettings(_Strict):

@@ -36,6 +36,10 @@ from harness.measure import Measurer, Timing, TrialResult
 
 log = logging.getLogger(__name__)
 
+#: Kept workers (``keep_s``) are detached actors named KEPT_PREFIX + key + a random
+#: suffix in this Ray namespace, so that a later run on the cluster finds them.
+KEPT_NS = "kharness"
+KEPT_PREFIX = "kharness-worker-"
 #: How often a trial whose worker vanished (node lost) is retried elsewhere.
 MAX_RETRIES = 2
 #: How long a trial waits for its config's ahead-of-time compilation before compiling
@@ -302,6 +306,22 @@ def _warm_check() -> None:
         log.warning("accuracy check warm-up failed: %s", exc)
 
 
+def code_version(paths: Iterable[str | os.PathLike]) -> str:
+    """A digest of the Python sources under ``paths`` (files or folders): a kept worker
+    has imported its code once, so a run with other code must not use it."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    for root in sorted({str(p) for p in paths}):
+        base = Path(root)
+        files = [base] if base.is_file() else sorted(base.rglob("*.py"))
+        for f in files:
+            h.update(str(f).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _problem_key(kernel: str, shape: Mapping[str, int], dtype: str, seed: int) -> str:
     return json.dumps([kernel, dict(sorted(shape.items())), dtype, seed])
 
@@ -322,7 +342,7 @@ class Worker:
     """
 
     def __init__(self, hardware_key: str, timing: dict[str, float],
-                 compile_workers: int | str = 0):
+                 compile_workers: int | str = 0, keep_s: float = 0.0, version: str = ""):
         ctx = ray.get_runtime_context()
         gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
         # The compile children start first, so that their start-up overlaps this
@@ -372,6 +392,13 @@ class Worker:
         self._results: dict[int, dict] = {}
         self._next = 0  # the oldest task not run yet
         self._ran: set[int] = set()  # tasks run ahead of an older one
+        self._busy = False  # the loop is running a task
+        # Kept workers (keep_s > 0) outlive a run; a run leases one (``lease``).
+        self.keep_s, self.version = keep_s, version
+        self._lessee: str | None = None
+        self._last_call = time.monotonic()  # the lessee's last sign of life
+        if keep_s > 0:
+            threading.Thread(target=self._reaper, name="harness-reaper", daemon=True).start()
         if warm is not None:
             warm.join(timeout=60)
         threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
@@ -405,6 +432,7 @@ class Worker:
     @ray.method(concurrency_group="control")
     def enqueue(self, seq: int, method: str, args: tuple) -> None:
         with self._cv:
+            self._last_call = time.monotonic()
             self._tasks[seq] = (method, args)
             self._cv.notify_all()
         if method == "measure" and self.pre is not None:
@@ -431,6 +459,7 @@ class Worker:
             with self._cv:
                 method, args = self._tasks.pop(seq)
                 self._seq = seq
+                self._busy = True
                 self._ran.add(seq)
                 while self._next in self._ran:
                     self._ran.discard(self._next)
@@ -450,12 +479,62 @@ class Worker:
                          setup_s=extra.get("setup_s", 0.0) + ahead_s)
             with self._cv:
                 self._results[seq] = out
+                self._busy = False
                 self._cv.notify_all()
 
     @ray.method(concurrency_group="control")
     def running(self) -> int:
         """The task the loop runs now (or ran last): the one a hang is blamed on."""
         return self._seq
+
+    # -- kept workers: leased by one run at a time ----------------------------------------
+    #: A lessee silent this long (no task sent, no heartbeat) is taken for dead.
+    LEASE_S = 30.0
+
+    @ray.method(concurrency_group="control")
+    def lease(self, run: str, timing: dict[str, float], version: str) -> dict[str, Any]:
+        """Let ``run`` use this kept worker: its ``info()``, or ``{"refused": why}``:
+        ``busy`` (another live run has it), ``stale`` (other code, or a poisoned context,
+        or still running a dead run's task): the caller kills a stale worker."""
+        with self._cv:
+            now = time.monotonic()
+            if version != self.version or self.poisoned:
+                return {"refused": "stale"}
+            if self._lessee is not None and now - self._last_call < self.LEASE_S:
+                return {"refused": "busy"}
+            if self._busy or self._tasks:
+                return {"refused": "stale"}
+            # Sequence numbers start again with each run's own.
+            self._results.clear()
+            self._next, self._seq = 0, -1
+            self._ran.clear()
+            self._lessee, self._last_call = run, now
+            self.measurer.timing = Timing(**timing)
+        return self.info()
+
+    @ray.method(concurrency_group="control")
+    def release(self, run: str) -> None:
+        """``run`` is done with this worker; it stays for ``keep_s`` for the next run."""
+        with self._cv:
+            if self._lessee == run:
+                self._lessee, self._last_call = None, time.monotonic()
+
+    @ray.method(concurrency_group="control")
+    def heartbeat(self) -> None:
+        self._last_call = time.monotonic()
+
+    def _reaper(self) -> None:
+        """A kept worker leaves once no run has used it for ``keep_s``: it holds a GPU."""
+        while True:
+            time.sleep(min(1.0, self.keep_s / 4))
+            with self._cv:
+                quiet = time.monotonic() - self._last_call
+                lessee_gone = self._lessee is None or quiet > self.LEASE_S
+                idle = lessee_gone and not self._busy and not self._tasks
+            if idle and quiet > self.keep_s:
+                if self.pre is not None:
+                    self.pre.close()
+                os._exit(0)
 
     def _compiling(self, task: tuple[str, tuple]) -> Future | None:
         """The ahead-of-time compile of a queued measurement of the problem in hand (None:
@@ -669,9 +748,10 @@ class _Slot:
     ready_ref: Any = None  # info() of a worker still starting
     info: dict[str, Any] = field(default_factory=dict)
     ready_at: float | None = None
-    queue: list[tuple[Task, Any]] = field(default_factory=list)  # in order; [0] runs
+    queue: list[tuple[Task, Any]] = field(default_factory=list)  # in order of sending
     seq: int = 0
     head_started: float = 0.0
+    kept: bool = False  # a detached worker that outlives the run
 
 
 class NoHardwareError(RuntimeError):
@@ -696,7 +776,10 @@ class Fleet:
     def __init__(self, timing: Timing, trial_timeout_s: float, *,
                  queue_depth: int | str = 2, compile_workers: int | str = 0,
                  max_retries: int = MAX_RETRIES,
-                 start_timeout_s: float = 600.0):
+                 start_timeout_s: float = 600.0, keep_s: float = 0.0, version: str = "",
+                 run_id: str = ""):
+        """``keep_s`` > 0: workers outlive the run by that many idle seconds (Ray detached
+        actors), and a run first leases kept workers of the same ``version`` (code)."""
         self.timing = {"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms,
                        "cpu_reps": timing.cpu_reps}
         self.trial_timeout_s = trial_timeout_s
@@ -721,6 +804,10 @@ class Fleet:
         self._requeue: list[Task] = []  # tasks to send again (worker lost or replaced)
         self._requested = False  # an autoscaler request is outstanding
         self._groups: dict[str, _Slot] = {}  # Task.group -> the slot its tasks run on
+        self.keep_s, self.version = keep_s, version
+        self.run_id = run_id or f"run-{os.getpid()}-{time.time_ns()}"
+        self.reused = 0  # kept workers this run leased
+        self._beat = 0.0  # when the kept workers last heard from this run
 
     # -- connecting and discovering ---------------------------------------------------
     @staticmethod
@@ -828,11 +915,51 @@ class Fleet:
 
     def _new_slot(self, key: str) -> _Slot:
         name = self._pick_name(key)
-        actor = Worker.options(**self._options(key, name)).remote(
-            key, self.timing, self.compile_workers)
-        slot = _Slot(key, name, actor, time.monotonic())
-        slot.ready_ref = actor.info.remote()
+        opts = self._options(key, name)
+        if self.keep_s > 0:
+            opts.update(name=f"{KEPT_PREFIX}{key}-{os.urandom(4).hex()}", namespace=KEPT_NS,
+                        lifetime="detached")
+        actor = Worker.options(**opts).remote(key, self.timing, self.compile_workers,
+                                              self.keep_s, self.version)
+        slot = _Slot(key, name, actor, time.monotonic(), kept=self.keep_s > 0)
+        slot.ready_ref = actor.info.remote() if self.keep_s <= 0 else actor.lease.remote(
+            self.run_id, self.timing, self.version)
         return slot
+
+    def _lease_kept(self, key: str, n: int) -> list[_Slot]:
+        """Up to ``n`` kept workers of ``key`` that this run may use now; stale ones
+        (other code, a poisoned context) are killed, so their GPUs come free."""
+        from ray.util import list_named_actors
+
+        prefix = f"{KEPT_PREFIX}{key}-"
+        handles = {}
+        for entry in list_named_actors(all_namespaces=True):
+            if entry.get("namespace") == KEPT_NS and entry.get("name", "").startswith(prefix):
+                try:
+                    handles[entry["name"]] = ray.get_actor(entry["name"], namespace=KEPT_NS)
+                except ValueError:  # gone since listed
+                    continue
+        refs = {h.lease.remote(self.run_id, self.timing, self.version): h
+                for h in handles.values()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=10) if refs else ([], [])
+        out: list[_Slot] = []
+        for ref in ready:
+            actor = refs[ref]
+            try:
+                info = ray.get(ref)
+            except Exception:  # died meanwhile
+                continue
+            if info.get("refused") == "stale":
+                ray.kill(actor, no_restart=True)
+            elif "refused" not in info:
+                if len(out) >= n:
+                    actor.release.remote(self.run_id)
+                    continue
+                slot = _Slot(key, None, actor, time.monotonic(), kept=True)
+                check_placement(key, None, info)
+                slot.info, slot.ready_at = info, time.monotonic()
+                out.append(slot)
+        return out
 
     def start(self, wanted: Mapping[str, int]) -> dict[str, list[dict[str, Any]]]:
         """Start ``wanted[key]`` workers per hardware key; return the info of each that
@@ -842,9 +969,13 @@ class Fleet:
         return self.wait_started()
 
     def launch(self, wanted: Mapping[str, int]) -> None:
-        """Create the workers (they start in the background; see ``wait_started``)."""
+        """Lease kept workers, create the others (they start in the background; see
+        ``wait_started``)."""
         for key, n in wanted.items():
-            for _ in range(n):
+            kept = self._lease_kept(key, n) if self.keep_s > 0 else []
+            self.reused += len(kept)
+            self.slots.extend(kept)
+            for _ in range(n - len(kept)):
                 self.slots.append(self._new_slot(key))
 
     def wait_started(self) -> dict[str, list[dict[str, Any]]]:
@@ -873,6 +1004,10 @@ class Fleet:
                              f"({type(exc).__name__})")
             return
         slot.ready_ref = None
+        if "refused" in info:  # a new kept worker another run leased first
+            self._drop(slot, f"{slot.hardware}: a new worker refused this run "
+                             f"({info['refused']})")
+            return
         try:
             check_placement(slot.hardware, slot.ray_name, info)
         except NoHardwareError as exc:
@@ -906,6 +1041,7 @@ class Fleet:
         fresh = self._new_slot(slot.hardware)
         slot.ray_name, slot.actor, slot.created = fresh.ray_name, fresh.actor, fresh.created
         slot.ready_ref, slot.info, slot.queue, slot.seq = fresh.ready_ref, {}, [], 0
+        slot.kept = fresh.kept
         self.replaced += 1
         self.events.append(why)
         log.warning("%s", why)
@@ -998,6 +1134,11 @@ class Fleet:
             time.sleep(min(timeout_s, 0.05))
         self._check_time(done)
         self._drain(done)
+        if self.keep_s > 0 and time.monotonic() - self._beat > 5:
+            self._beat = time.monotonic()
+            for slot in self.slots:  # a trial may run longer than the lease's silence
+                if slot.kept and slot.ready_at is not None:
+                    slot.actor.heartbeat.remote()
         return done
 
     def _collect(self, slot: _Slot, task: Task, ref: Any, done: list) -> None:
@@ -1124,6 +1265,11 @@ class Fleet:
 
     def shutdown(self) -> None:
         for slot in self.slots:
-            self._close(slot)
+            if slot.kept and slot.ready_at is not None and not slot.queue:
+                self._held_closed += time.monotonic() - slot.ready_at
+                slot.ready_at = None
+                slot.actor.release.remote(self.run_id)  # stays for the next run
+            else:
+                self._close(slot)
         self.slots.clear()
         self._release_request()

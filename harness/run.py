@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness import experiment, kernel_api, remeasure, spaces, warmstart
 from harness.fleet import Fleet, NoHardwareError, Task
+from harness.fleet import code_version as fleet_code_version
 from harness.hardware import spec_for_key
 from harness.kernel_api import DeviceSpec
 from harness.measure import Timing, TrialResult
@@ -76,6 +77,7 @@ class Summary:
         """Note the wall time (seconds since the run started) at which ``step`` ended."""
         self.timeline.setdefault(step, round(time.monotonic() - self.t0, 2))
     replaced: int = 0  # workers replaced (device fault, hang, lost)
+    reused: int = 0  # kept workers of an earlier run this run leased (fleet.keep_workers_s)
     retried: int = 0  # trials sent again after their worker was lost
     events: list[str] = field(default_factory=list)
     resumed: dict[str, Any] = field(default_factory=dict)  # what --resume found
@@ -245,12 +247,19 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     pool.submit(_warm_plot_imports)
     pool.shutdown(wait=False)
 
-    Fleet.connect()
+    where = Fleet.connect()
     summary.mark("ray_connected")
     fs = exp.fleet
+    keep_s = fs.keep_workers_s
+    if keep_s and where == "local":
+        console.print("[yellow]fleet.keep_workers_s: this run started its own Ray, which "
+                      "ends with it; workers are kept only on a cluster that outlives the "
+                      "run (`ray start --head`, `ray job submit`)[/]")
+        keep_s = 0.0
     fleet = Fleet(Timing(exp.timing.warmup_ms, exp.timing.rep_ms), exp.timing.trial_timeout_s,
                   queue_depth=fs.queue_depth, compile_workers=fs.compile_workers,
-                  max_retries=fs.max_retries, start_timeout_s=fs.start_timeout_s)
+                  max_retries=fs.max_retries, start_timeout_s=fs.start_timeout_s,
+                  keep_s=keep_s, version=_code_version(exp) if keep_s else "")
     try:
         _run(exp, path, resume, console, progress, fleet, summary, tracker_f)
     finally:
@@ -415,10 +424,12 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
                       "launches compiled again in the worker although a compile child had "
                       "built them: the worker and its children use different Triton caches[/]")
     summary.replaced, summary.retried = fleet.replaced, fleet.retried
+    summary.reused = fleet.reused
     summary.events = list(fleet.events) + [f"MLflow: {e}" for e in bg.errors[:5]]
     tracker.log(summary.parent_run_id, metrics={
         "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
         "timing_fraction": summary.timing_fraction, "workers_replaced": fleet.replaced,
+        "workers_reused": fleet.reused,
         "trials_retried": fleet.retried,
         **{f"held_{k}_s": v for k, v in summary.overhead.items()},
         **{f"first_calls_{k}": v for k, v in fleet.first_calls.items()}})
@@ -438,6 +449,22 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     for p in summary.packs:
         tracker.log_artifact(summary.parent_run_id, p, "packs")
     tracker.finish(summary.parent_run_id)
+
+
+def _code_version(exp: experiment.Experiment) -> str:
+    """The code a kept worker must have imported to serve this run: the harness, the
+    shipped kernels and the experiment's kernel family's own file."""
+    import inspect
+
+    import harness
+    import kernels
+
+    paths = [Path(harness.__file__).parent, Path(kernels.__file__).parent]
+    try:
+        paths.append(Path(inspect.getfile(type(kernel_api.get(exp.kernel)))))
+    except (TypeError, OSError):  # defined where inspect cannot find a file
+        pass
+    return fleet_code_version(paths)
 
 
 def _warm_plot_imports() -> None:

@@ -439,3 +439,43 @@ def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(
         first_launch(by_number[n]) for n in slow), log
     assert summary.overhead["setup"] >= 2.0  # waiting for the slow compiles
     assert summary.overhead["idle"] < 2.0
+
+
+def test_kept_workers_serve_the_next_run_and_leave_when_idle(cl, events, tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """fleet.keep_workers_s on a cluster that outlives the run: the second run leases the
+    first run's worker (same process, no start-up), a run with other code does not, and
+    a kept worker leaves once idle for keep_workers_s, giving its GPU back."""
+    from ray.util import list_named_actors
+
+    from harness.fleet import KEPT_NS
+
+    def kept() -> list[str]:
+        return [a["name"] for a in list_named_actors(all_namespaces=True)
+                if a["namespace"] == KEPT_NS]
+
+    def pids(name: str) -> set[int]:
+        trials = _by_status(_trials(tmp_path, name, f"{name}/{FAULTY}/N=256/fp32/H200"),
+                            "measured")
+        assert trials
+        return {t.user_attrs["result"]["extra"]["pid"] for t in trials}
+
+    fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2},
+                  search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10]}},
+                  fleet={"compile_workers": 0, "keep_workers_s": 6})
+    assert kept() == []
+    first, _ = _run(_experiment(tmp_path, name="keep1", **fields))
+    assert first.reused == 0 and len(kept()) == 1
+    second, _ = _run(_experiment(tmp_path, name="keep2", **fields))
+    assert second.reused == 1 and len(kept()) == 1
+    assert pids("keep1") == pids("keep2")
+    # Other code (here: another kernel file digest) must not run on the kept worker.
+    import harness.run as hrun
+
+    monkeypatch.setattr(hrun, "_code_version", lambda exp: "other-code")
+    third, _ = _run(_experiment(tmp_path, name="keep3", **fields))
+    assert third.reused == 0 and pids("keep3").isdisjoint(pids("keep1"))
+    deadline = time.monotonic() + 30
+    while kept() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert kept() == []  # idle for keep_workers_s: gone, its GPU free again
