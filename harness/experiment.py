@@ -49,7 +49,9 @@ class SearchSettings(_Strict):
         "auto", description="at the end of a study, re-measure its best k configs interleaved "
         "and pick the winner by their median (0: off; auto: 3 on GPUs, off under the CPU "
         "interpreter, whose timings mean nothing)")
-    remeasure_rounds: int = Field(3, ge=1, le=20, description="re-measurements of each of them")
+    remeasure_rounds: int = Field(
+        5, ge=1, le=20, description="re-measurements of each of them (five: a median that one "
+        "or two disturbed measurements, such as a GPU's clock dipping, do not move)")
     pruner: Literal["none", "threshold", "median", "percentile"] = Field(
         "none", description="multi-fidelity: each config is first timed cheaply "
         "(cheap_rep_ms), this Optuna pruner stops the clearly bad ones there, the others are "

@@ -396,6 +396,7 @@ class Worker:
         # Kept workers (keep_s > 0) outlive a run; a run leases one (``lease``).
         self.keep_s, self.version = keep_s, version
         self._lessee: str | None = None
+        self._leased_at = 0.0  # perf_counter() when the lessee took it
         self._last_call = time.monotonic()  # the lessee's last sign of life
         if keep_s > 0:
             threading.Thread(target=self._reaper, name="harness-reaper", daemon=True).start()
@@ -452,7 +453,8 @@ class Worker:
             t_idle = time.perf_counter()
             with self._cv:
                 self._cv.wait_for(lambda: self._next in self._tasks)
-            idle_s = time.perf_counter() - t_idle  # the driver had nothing queued
+            # The driver had nothing queued (a kept worker: since this run leased it).
+            idle_s = time.perf_counter() - max(t_idle, self._leased_at)
             t_pick = time.perf_counter()
             seq = self._pick(block=True)
             ahead_s = time.perf_counter() - t_pick  # every queued config still compiling
@@ -509,6 +511,7 @@ class Worker:
             self._next, self._seq = 0, -1
             self._ran.clear()
             self._lessee, self._last_call = run, now
+            self._leased_at = time.perf_counter()
             self.measurer.timing = Timing(**timing)
         return self.info()
 

@@ -466,8 +466,10 @@ def test_kept_workers_serve_the_next_run_and_leave_when_idle(cl, events, tmp_pat
     assert kept() == []
     first, _ = _run(_experiment(tmp_path, name="keep1", **fields))
     assert first.reused == 0 and len(kept()) == 1
+    time.sleep(4)  # the kept worker idles between runs: not this run's GPU-held time
     second, _ = _run(_experiment(tmp_path, name="keep2", **fields))
     assert second.reused == 1 and len(kept()) == 1
+    assert second.overhead["idle"] < 3.0, second.overhead
     assert pids("keep1") == pids("keep2")
     # Other code (here: another kernel file digest) must not run on the kept worker.
     import harness.run as hrun
