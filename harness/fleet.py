@@ -810,6 +810,7 @@ class Fleet:
         self.keep_s, self.version = keep_s, version
         self.run_id = run_id or f"run-{os.getpid()}-{time.time_ns()}"
         self.reused = 0  # kept workers this run leased
+        self._to_lease: dict[str, int] = {}  # key -> kept workers to lease in wait_started
         self._beat = 0.0  # when the kept workers last heard from this run
 
     # -- connecting and discovering ---------------------------------------------------
@@ -929,21 +930,26 @@ class Fleet:
             self.run_id, self.timing, self.version)
         return slot
 
-    def _lease_kept(self, key: str, n: int) -> list[_Slot]:
-        """Up to ``n`` kept workers of ``key`` that this run may use now; stale ones
-        (other code, a poisoned context) are killed, so their GPUs come free."""
+    @staticmethod
+    def _kept_handles(key: str) -> list[Any]:
+        """Handles of the cluster's kept workers of ``key`` (leased or not)."""
         from ray.util import list_named_actors
 
         prefix = f"{KEPT_PREFIX}{key}-"
-        handles = {}
+        out = []
         for entry in list_named_actors(all_namespaces=True):
             if entry.get("namespace") == KEPT_NS and entry.get("name", "").startswith(prefix):
                 try:
-                    handles[entry["name"]] = ray.get_actor(entry["name"], namespace=KEPT_NS)
+                    out.append(ray.get_actor(entry["name"], namespace=KEPT_NS))
                 except ValueError:  # gone since listed
                     continue
+        return out
+
+    def _lease_kept(self, key: str, n: int) -> list[_Slot]:
+        """Up to ``n`` kept workers of ``key`` that this run may use now; stale ones
+        (other code, a poisoned context) are killed, so their GPUs come free."""
         refs = {h.lease.remote(self.run_id, self.timing, self.version): h
-                for h in handles.values()}
+                for h in self._kept_handles(key)}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=10) if refs else ([], [])
         out: list[_Slot] = []
         for ref in ready:
@@ -972,18 +978,28 @@ class Fleet:
         return self.wait_started()
 
     def launch(self, wanted: Mapping[str, int]) -> None:
-        """Lease kept workers, create the others (they start in the background; see
-        ``wait_started``)."""
+        """Create the workers (they start in the background; see ``wait_started``). With
+        kept workers, only as many as the kept ones of each key fall short: those are
+        leased in ``wait_started``, so that this run holds them from then on, not while
+        the driver sets up."""
         for key, n in wanted.items():
-            kept = self._lease_kept(key, n) if self.keep_s > 0 else []
-            self.reused += len(kept)
-            self.slots.extend(kept)
-            for _ in range(n - len(kept)):
+            if self.keep_s > 0:
+                kept = len(self._kept_handles(key))
+                self._to_lease[key] = min(n, kept)
+                n -= min(n, kept)
+            for _ in range(n):
                 self.slots.append(self._new_slot(key))
 
     def wait_started(self) -> dict[str, list[dict[str, Any]]]:
         """Wait for the launched workers: the info of each that started within
         ``start_timeout_s``, by hardware key; the others are dropped."""
+        for key, n in self._to_lease.items():
+            kept = self._lease_kept(key, n)
+            self.reused += len(kept)
+            self.slots.extend(kept)
+            for _ in range(n - len(kept)):  # taken by another run meanwhile: new ones
+                self.slots.append(self._new_slot(key))
+        self._to_lease = {}
         deadline = time.monotonic() + self.start_timeout_s
         while any(s.ready_ref is not None for s in self.slots) and time.monotonic() < deadline:
             refs = {s.ready_ref: s for s in self.slots if s.ready_ref is not None}
