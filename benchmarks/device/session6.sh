@@ -27,17 +27,21 @@ if has tests; then
   echo "tests rc=$? t=$(el)"; grep -E "passed|failed|check of" $R/logs/pytest_gpu.txt | tail -8
 fi
 if has keep; then
-  cache=/tmp/triton-keep; rm -rf $cache
+ # KEEP_CYCLES cycles, each with a head of its own and an empty Triton cache;
+ # KEEP_SPECS: the runs of a cycle (default A:fp16 B:bf16 C:bf16).
+ for cyc in $(seq 1 ${KEEP_CYCLES:-1}); do
+  cache=/tmp/triton-keep-$cyc; rm -rf $cache
   TRITON_CACHE_DIR=$cache ray start --head --node-ip-address=127.0.0.1 --include-dashboard=false > $R/logs/keep_ray_start.txt 2>&1
-  for spec in A:fp16 B:bf16 C:bf16; do
+  for spec in ${KEEP_SPECS:-A:fp16 B:bf16 C:bf16}; do
     name=${spec%%:*}; dt=${spec#*:}
-    log=$R/logs/keep_$name
+    log=$R/logs/keep_$name; [ "${KEEP_CYCLES:-1}" -gt 1 ] && log=$R/logs/keep${cyc}_$name
     TRITON_CACHE_DIR=$cache RAY_ADDRESS=127.0.0.1:6379 timeout 150 python3 -m harness run configs/matmul_grid216.yaml --json \
         --set fleet.keep_workers_s=300 --set "dtypes=[$dt]" --set name=keep-$name > $log.json 2> $log.log
     echo "keep $name $dt rc=$? t=$(el)"; summ $log.json; winner $log.json
     [ -f runs/keep-$name/optuna.db ] && cp runs/keep-$name/optuna.db $log.optuna.db
   done
   ray stop > /dev/null 2>&1
+ done
 fi
 if has grid; then
   for i in $(seq 1 ${GRID_RUNS:-2}); do
