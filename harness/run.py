@@ -317,6 +317,9 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     # MLflow and Optuna start up while the workers do (each takes seconds).
     url = storage_url(exp.output.runs_dir, exp.name)
     storage = make_storage(url)
+    if not resume:  # an earlier run's studies of this name: seconds to delete from sqlite
+        for spec in experiment.plan(exp, targets):
+            _drop_study(url, spec.name)
     tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
     summary.mark("tracking_ready")
@@ -364,8 +367,6 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         device = _device_from_info(worker)
         space = spaces.resolve([spaces.for_kernel(kernel_api.get(spec.kernel)), exp.search_space],
                                device.vendor, spec.hardware, where=str(path))
-        if not resume:
-            _drop_study(url, spec.name)
         fam = kernel_api.get(spec.kernel)
         seeds = (warmstart.seeds_from_packs(exp.output.packs_dir, fam, spec.dtype,
                                             spec.hardware, spec.shape, space, device)
