@@ -142,8 +142,9 @@ def warm_up(device: str = "cuda") -> None:
     ref = torch.randn(_BLOCK + 1, device=device)
     p = RefPrep(ref, 1.0)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
-        if _fused(ref.to(dt), p):
-            stats_fused(ref.to(dt), p, Tolerance(1e-3, 1e-3)).tolist()
+        out = ref.to(dt)
+        if _fused(out, p):
+            stats_fused(out, p, Tolerance(1e-3, 1e-3)).tolist()
 
 
 def compare(out: Any, ref: Any, tol: Tolerance,

@@ -931,25 +931,24 @@ class Fleet:
         return slot
 
     @staticmethod
-    def _kept_handles(key: str) -> list[Any]:
-        """Handles of the cluster's kept workers of ``key`` (leased or not)."""
+    def _kept_names(key: str) -> list[str]:
+        """Names of the cluster's kept workers of ``key`` (leased or not)."""
         from ray.util import list_named_actors
 
         prefix = f"{KEPT_PREFIX}{key}-"
-        out = []
-        for entry in list_named_actors(all_namespaces=True):
-            if entry.get("namespace") == KEPT_NS and entry.get("name", "").startswith(prefix):
-                try:
-                    out.append(ray.get_actor(entry["name"], namespace=KEPT_NS))
-                except ValueError:  # gone since listed
-                    continue
-        return out
+        return [e["name"] for e in list_named_actors(all_namespaces=True)
+                if e.get("namespace") == KEPT_NS and e.get("name", "").startswith(prefix)]
 
     def _lease_kept(self, key: str, n: int) -> list[_Slot]:
         """Up to ``n`` kept workers of ``key`` that this run may use now; stale ones
         (other code, a poisoned context) are killed, so their GPUs come free."""
-        refs = {h.lease.remote(self.run_id, self.timing, self.version): h
-                for h in self._kept_handles(key)}
+        handles = []
+        for name in self._kept_names(key):
+            try:
+                handles.append(ray.get_actor(name, namespace=KEPT_NS))
+            except ValueError:  # gone since listed
+                continue
+        refs = {h.lease.remote(self.run_id, self.timing, self.version): h for h in handles}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=10) if refs else ([], [])
         out: list[_Slot] = []
         for ref in ready:
@@ -984,7 +983,7 @@ class Fleet:
         the driver sets up."""
         for key, n in wanted.items():
             if self.keep_s > 0:
-                kept = len(self._kept_handles(key))
+                kept = len(self._kept_names(key))
                 self._to_lease[key] = min(n, kept)
                 n -= min(n, kept)
             for _ in range(n):

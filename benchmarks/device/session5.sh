@@ -10,17 +10,8 @@
 #   gpus     the grid on 1 and on 2 GPUs of this box (GPU_COUNTS="1 2")
 #   sweeps   exhaustive sweeps for the replay benchmark (record_sweeps.sh): SWEEPS="..."
 # Everything lands in $OUT/all.tar.gz (the device returns at most 8 files).
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p $R/logs $R/results
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-PHASES=${PHASES:-diag}
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv;
-  nproc; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"; } > $R/logs/env.txt 2>&1
-cat $R/logs/env.txt
-has() { [[ " $PHASES " == *" $1 "* ]]; }
-summ() { python3 benchmarks/device/summ.py "$@"; }
+DEFAULT_PHASES=diag
+source "$(dirname "$0")/common.sh"
 
 if has diag; then
   timeout 240 python3 benchmarks/device/diag_compile_ahead.py > $R/logs/diag_compile_ahead.json 2> $R/logs/diag_compile_ahead.log

@@ -8,17 +8,8 @@
 #   grid     the 216-config bf16 matmul grid at 8192^3, standalone, GRID_RUNS times, each
 #            from an empty Triton cache (fraction, wall, winner across runs)
 # Everything lands in $OUT/all.tar.gz.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p $R/logs
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-PHASES=${PHASES:-grid}
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv;
-  nproc; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"; } > $R/logs/env.txt 2>&1
-cat $R/logs/env.txt
-has() { [[ " $PHASES " == *" $1 "* ]]; }
-summ() { python3 benchmarks/device/summ.py "$@"; }
+DEFAULT_PHASES=grid
+source "$(dirname "$0")/common.sh"
 winner() { python3 -c "import json; d=json.load(open('$1')); r=d['rows'][0]; print('   winner', r['params'], r.get('winner_reason'), 'remeasured', r.get('remeasured_ms'), 'spread', r.get('remeasure_spread'), 'reused', d.get('workers_reused'), 'first_calls', d.get('first_calls'))" 2>/dev/null; }
 
 if has tests; then
