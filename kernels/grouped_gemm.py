@@ -198,6 +198,7 @@ def _gemm_tile_tma(
     tile,
     a_desc,
     w_desc,
+    out_desc,
     out_ptr,
     N,
     K,
@@ -213,6 +214,7 @@ def _gemm_tile_tma(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
@@ -220,7 +222,9 @@ def _gemm_tile_tma(
     boxes, ``w_desc`` covers W viewed as [E*N, K] in [BLOCK_N, BLOCK_K] boxes. A box
     does not stop at an expert's end: rows past it (the next expert's A rows, or the
     next expert's W rows past N) are multiplied but masked at the store; rows and K
-    columns past the tensors' ends are zero-filled by the hardware."""
+    columns past the tensors' ends are zero-filled by the hardware. With TMA_STORE, a
+    tile whose rows all belong to its expert is written by ``out_desc`` (columns past N
+    are clipped by the hardware); an expert's last, partial tile keeps the masked store."""
     expert, row0, row_end, local_m, pid_n = _tile_map(
         tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, GROUP_M
     )
@@ -241,22 +245,23 @@ def _gemm_tile_tma(
         else:
             acc = tl.dot(a, tl.trans(b), acc)
 
-    rows = m0 + tl.arange(0, BLOCK_M)
-    cols = n0 + tl.arange(0, BLOCK_N)
-    # A masked pointer store: a TMA store of the box would write past the expert's end
-    # (into the next expert's rows) or past N.
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    tl.store(
-        out_ptrs,
-        acc.to(out_ptr.dtype.element_ty),
-        mask=(rows < row_end)[:, None] & (cols < N)[None, :],
-    )
+    c = acc.to(out_ptr.dtype.element_ty)
+    if TMA_STORE and m0 + BLOCK_M <= row_end:
+        out_desc.store([m0, n0], c)
+    else:
+        # A TMA store of this box would write past the expert's end, into the next
+        # expert's rows.
+        rows = m0 + tl.arange(0, BLOCK_M)
+        cols = n0 + tl.arange(0, BLOCK_N)
+        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(out_ptrs, c, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
 
 
 @triton.jit
 def _grouped_gemm_tma_kernel(
     a_desc,
     w_desc,
+    out_desc,
     out_ptr,
     offs_ptr,
     N,
@@ -270,11 +275,15 @@ def _grouped_gemm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """USE_TMA=1: the same tile mapping as ``_grouped_gemm_kernel``, host-built tensor
-    descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A and W."""
+    descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A, W and out.
+    FLATTEN (persistent only) fuses the tile loop with the K loop into one software
+    pipeline, so the next tile's loads are in flight during this tile's store."""
     pid = tl.program_id(0)
     e_idx = tl.arange(0, E_PAD)
     e_mask = e_idx < E
@@ -287,18 +296,18 @@ def _grouped_gemm_tma_kernel(
     total_tiles = num_pid_m * num_pid_n
 
     if PERSISTENT:
-        for tile in tl.range(pid, total_tiles, NUM_PROGS):
+        for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN):
             _gemm_tile_tma(
-                tile, a_desc, w_desc, out_ptr, N, K, stride_om,
+                tile, a_desc, w_desc, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, UPCAST, IEEE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA_STORE, UPCAST, IEEE,
             )  # fmt: skip
     else:
         if pid < total_tiles:
             _gemm_tile_tma(
-                pid, a_desc, w_desc, out_ptr, N, K, stride_om,
+                pid, a_desc, w_desc, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, UPCAST, IEEE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA_STORE, UPCAST, IEEE,
             )  # fmt: skip
 
 
@@ -397,6 +406,8 @@ class GroupedGemm(SingleLaunch, Kernel):
         "num_stages": 3,
         "PERSISTENT": 0,
         "USE_TMA": 0,
+        "FLATTEN": 0,
+        "TMA_STORE": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -481,7 +492,8 @@ class GroupedGemm(SingleLaunch, Kernel):
             # The descriptors are built once, here, not per launch.
             a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
             w_desc = TensorDescriptor.from_tensor(w.view(E * N, K), [bn, bk])
-            args = (a_desc, w_desc, out, offsets, N, K, E, out.stride(0), num_progs)
+            out_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+            args = (a_desc, w_desc, out_desc, out, offsets, N, K, E, out.stride(0), num_progs)
             meta = {
                 "E_PAD": max(2, _next_pow2(E)),
                 "BLOCK_M": bm,
@@ -489,6 +501,8 @@ class GroupedGemm(SingleLaunch, Kernel):
                 "BLOCK_K": bk,
                 "GROUP_M": int(cfg["GROUP_M"]),
                 "PERSISTENT": persistent,
+                "FLATTEN": bool(int(cfg["FLATTEN"])),
+                "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "UPCAST": upcast,
                 "IEEE": ieee,
                 **launch_kw,
@@ -580,6 +594,14 @@ class GroupedGemm(SingleLaunch, Kernel):
             # A TMA box is at most 256 elements a side.
             if max(bm, bn, bk) > 256:
                 return "USE_TMA=1: TMA boxes are at most 256 elements a side"
+        flatten, tma_store = int(cfg["FLATTEN"]), int(cfg["TMA_STORE"])
+        # Both only exist in the TMA kernel; elsewhere they would repeat another config.
+        if flatten and not (int(cfg.get("USE_TMA", 0)) and int(cfg["PERSISTENT"])):
+            return "FLATTEN=1 needs USE_TMA=1 and PERSISTENT=1"
+        if tma_store and not int(cfg.get("USE_TMA", 0)):
+            return "TMA_STORE=1 needs USE_TMA=1"
+        if tma_store and N % 8:
+            return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:
             return f"GROUP_M={cfg['GROUP_M']}: must be >= 1"
         # A tile more than twice the padded dimension is mostly masked-out work.
@@ -595,7 +617,10 @@ class GroupedGemm(SingleLaunch, Kernel):
         # fewer than it has stages.
         item = 2
         buffers = max(1, stages - 1) if device.vendor == "amd" else stages
-        smem = max(buffers * (bm * bk + bn * bk) * item, bm * bn * item)
+        pipeline, epilogue = buffers * (bm * bk + bn * bk) * item, bm * bn * item
+        # A flattened loop keeps loading the next tile while this one is stored, and a
+        # TMA store stages the tile in a buffer of its own: then both are live at once.
+        smem = pipeline + epilogue if (flatten or tma_store) else max(pipeline, epilogue)
         if smem > device.smem_per_block:
             return f"shared memory ~{smem} B > {device.smem_per_block} B per block"
         # Registers: the fp32 accumulator is spread over the threads; beyond 256 fp32

@@ -74,6 +74,10 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         ref = KERNEL.reference(fp16_inputs, shape)
         torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
         return
+    if name in ("FLATTEN", "TMA_STORE") and value:
+        # Options of the persistent TMA kernel: alone they are pruned (tested below).
+        assert KERNEL.check_config(config, shape, H100) is not None
+        config.update(USE_TMA=1, PERSISTENT=1)
     _check(fp16_inputs, shape, config, "fp16")
 
 
@@ -168,11 +172,18 @@ def test_cpu_space_all_configs_valid_and_correct() -> None:
     inputs = KERNEL.make_inputs(shape, "fp16", seed=4, device="cpu")
     ref = KERNEL.reference(inputs, shape)
     names = list(space)
+    ran = 0
     for values in itertools.product(*space.values()):
         config = dict(zip(names, values, strict=True))
-        assert KERNEL.check_config(config, shape, CPU) is None, config
+        reason = KERNEL.check_config(config, shape, CPU)
+        if reason is not None:
+            # Only the options of the persistent TMA kernel prune on the interpreter.
+            assert "FLATTEN" in reason or "TMA_STORE" in reason, (config, reason)
+            continue
         out = KERNEL.launcher(inputs, shape, config)()
         torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+        ran += 1
+    assert ran >= 32
 
 
 def test_check_config() -> None:
@@ -233,6 +244,39 @@ def test_tma_matches_pointer_path(persistent: int, block_k: int, fp16_inputs: di
     out_tma = _check(fp16_inputs, shape, {**base, "USE_TMA": 1}, "fp16").clone()
     out_ptr = KERNEL.launcher(fp16_inputs, shape, base)()
     assert torch.equal(out_tma, out_ptr)
+
+
+@pytest.mark.parametrize("flatten,tma_store", [(1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_flatten_and_tma_store_match_pointer_path(
+    flatten: int, tma_store: int, block_m: int, fp16_inputs: dict
+) -> None:
+    """The flattened tile loop and the TMA store of full tiles give the pointer kernel's
+    bits: BLOCK_M 16 makes most tiles full (TMA-stored) and leaves a partial last tile per
+    expert, 64 makes expert 3's first tile full and its second partial; N = 160 ends
+    inside the second n-tile, so the store box is clipped at N."""
+    shape = _shape(COUNTS, N_, K_)
+    base = {**KERNEL.default_config, "PERSISTENT": 1, "BLOCK_M": block_m}
+    cfg = {**base, "USE_TMA": 1, "FLATTEN": flatten, "TMA_STORE": tma_store}
+    out_new = _check(fp16_inputs, shape, cfg, "fp16").clone()
+    assert torch.equal(out_new, KERNEL.launcher(fp16_inputs, shape, base)())
+
+
+def test_flatten_and_tma_store_pruning() -> None:
+    seed = KERNEL.shapes["deepseek-v3-16b"]
+    tma = {"USE_TMA": 1, "PERSISTENT": 1}
+    assert KERNEL.check_config({**tma, "FLATTEN": 1, "TMA_STORE": 1}, seed, H100) is None
+    assert "PERSISTENT" in KERNEL.check_config({"USE_TMA": 1, "FLATTEN": 1}, seed, H100)
+    assert "USE_TMA" in KERNEL.check_config({"PERSISTENT": 1, "FLATTEN": 1}, seed, H100)
+    assert "USE_TMA" in KERNEL.check_config({"TMA_STORE": 1}, seed, H100)
+    assert "16-byte" in KERNEL.check_config({**tma, "TMA_STORE": 1}, {**seed, "N": 1412}, H100)
+    # 128x256 tiles, 64-deep K, 4 stages: 192 KiB of pipeline fits alone, not with the
+    # 64 KiB tile a TMA store (or a flattened loop's epilogue) keeps beside it.
+    big = {**tma, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4,
+           "num_warps": 8}
+    assert KERNEL.check_config(big, seed, H100) is None
+    assert "shared memory" in KERNEL.check_config({**big, "TMA_STORE": 1}, seed, H100)
+    assert "shared memory" in KERNEL.check_config({**big, "FLATTEN": 1}, seed, H100)
 
 
 def test_tma_rejects_unaligned_layout() -> None:
@@ -316,6 +360,12 @@ TMA_CONFIGS = [
      "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1},
     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4,
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
+     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "FLATTEN": 1, "TMA_STORE": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "FLATTEN": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 8,
+     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "TMA_STORE": 1},
 ]  # fmt: skip
 
 
@@ -342,15 +392,16 @@ def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_tma_empty_experts_and_compile_only(device: str) -> None:
+@pytest.mark.parametrize("extra", [{}, {"FLATTEN": 1, "TMA_STORE": 1}], ids=str)
+def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> None:
     counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
     shape = _shape(counts, 1408, 2048)
     inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=1, device=device)
-    config = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_N": 256, "num_warps": 8}
+    config = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_N": 256, "num_warps": 8, **extra}
     out = KERNEL.launcher(inputs, shape, config)()
     torch.testing.assert_close(out.float(), KERNEL.reference(inputs, shape), atol=2e-2, rtol=2e-2)
     meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-    KERNEL.compile_only(meta, shape, {**config, "PERSISTENT": 0})
+    KERNEL.compile_only(meta, shape, {**config, "PERSISTENT": 0, "FLATTEN": 0})
 
 
 @pytest.mark.gpu
