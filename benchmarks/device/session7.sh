@@ -23,7 +23,7 @@ if has gg; then
       ${GG_SET:-} > $log.json 2> $log.log
   echo "gg grid rc=$? t=$(el)"; summ $log.json
   python3 -c "import json; d=json.load(open('$log.json')); [print('  ', r.get('params'), r.get('latency_ms'), r.get('winner_reason')) for r in d['rows']]" 2>/dev/null
-  [ -f runs/grouped-gemm-tma-grid/optuna.db ] && cp runs/grouped-gemm-tma-grid/optuna.db $log.optuna.db
+  [ -f runs/grouped-gemm-tma-grid/optuna.db ] && gzip -c runs/grouped-gemm-tma-grid/optuna.db > $log.optuna.db.gz
   timeout ${BENCH_S:-200} python3 -m harness bench --kernel grouped_gemm --no-cost --out $R/results > $R/logs/gg_bench.log 2>&1
   echo "gg bench rc=$? t=$(el)"; cat $R/results/*/bench.md 2>/dev/null | grep -A12 "## grouped_gemm"
 fi
