@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -57,32 +58,75 @@ def _row(name: str, res: TrialResult, note: str = "") -> dict[str, Any]:
             "max_abs_err": res.max_abs_err, "max_rel_err": res.max_rel_err}
 
 
+def _combine(results: list[TrialResult]) -> TrialResult:
+    """One result from a variant's rounds: the median round's, with the median p20/p80 of
+    the rounds and every round's median kept (``round_ms``). A failure in any round is the
+    variant's result: a baseline that breaks once is not reported as working."""
+    failed = [r for r in results if not r.ok]
+    if failed or len(results) == 1:
+        best = failed[0] if failed else results[0]
+        best.extra["round_ms"] = [r.latency_ms for r in results if r.ok]
+        return best
+    by_median = sorted(results, key=lambda r: r.latency_ms)
+    mid = by_median[(len(results) - 1) // 2]  # the lower median: an actual round
+    mid.p20_ms = statistics.median(r.p20_ms for r in results)
+    mid.p80_ms = statistics.median(r.p80_ms for r in results)
+    mid.extra["round_ms"] = [r.latency_ms for r in results]
+    return mid
+
+
 def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
-               seed: int = 0) -> dict[str, Any]:
+               seed: int = 0, rounds: int = 1) -> dict[str, Any]:
+    """Every variant of the case, ``rounds`` times in turn (tuned, default, eager, ...,
+    then again): a GPU whose clock drifts during the case (power and heat) slows every
+    variant alike, so the ratios stay fair; each variant's figure is its median round."""
     fam = kernel_api.get(case.kernel)
     shape = fam.shapes[case.shape_name]
     hit = packs.lookup_entry(fam.name, case.dtype, hw, **shape)
-    rows = []
-    tuned = measurer.measure(fam, shape, case.dtype, hit.config, seed, peaks)
-    rows.append(_row("tuned", tuned, f"pack {hit.source}" + (f" ({hit.shape_key})"
-                                                             if hit.source == "nearest" else "")))
-    default = measurer.measure(fam, shape, case.dtype, fam.default_config, seed, peaks)
-    rows.append(_row("default config", default))
-    rows.append(_row("eager", measurer.measure_eager(fam, shape, case.dtype, seed)))
+    variants: list[tuple[str, str, Callable[[], TrialResult]]] = [
+        ("tuned", f"pack {hit.source}" + (f" ({hit.shape_key})" if hit.source == "nearest"
+                                          else ""),
+         lambda: measurer.measure(fam, shape, case.dtype, hit.config, seed, peaks)),
+        ("default config", "",
+         lambda: measurer.measure(fam, shape, case.dtype, fam.default_config, seed, peaks)),
+        ("eager", "", lambda: measurer.measure_eager(fam, shape, case.dtype, seed)),
+    ]
     if case.compile:
+        import torch
+
+        # One torch.compile for every round: its compile time is the first round's.
+        compiled = torch.compile(fam.eager)
         t0 = time.perf_counter()
-        res = measurer.measure_eager(fam, shape, case.dtype, seed, compiled=True)
-        rows.append(_row("torch.compile", res, f"compiled in {time.perf_counter() - t0:.0f} s"))
+        first = measurer.measure_fn(fam, shape, case.dtype, seed,
+                                    lambda i, s: lambda: compiled(i, s))
+        note = f"compiled in {time.perf_counter() - t0:.0f} s"
+        pending = [first]
+        variants.append(
+            ("torch.compile", note,
+             lambda: pending.pop() if pending else measurer.measure_fn(
+                 fam, shape, case.dtype, seed, lambda i, s: lambda: compiled(i, s))))
     for name, make in _extra_baselines(fam).items():
-        rows.append(_row(name, measurer.measure_fn(fam, shape, case.dtype, seed, make, peaks)))
+        variants.append((name, "", lambda make=make: measurer.measure_fn(
+            fam, shape, case.dtype, seed, make, peaks)))
+    results: dict[str, list[TrialResult]] = {name: [] for name, _, _ in variants}
+    for _ in range(max(1, rounds)):
+        for name, _, run in variants:
+            results[name].append(run())
+    combined = {name: _combine(res) for name, res in results.items()}
+    rows = []
+    for name, note, _ in variants:
+        row = _row(name, combined[name], note)
+        row["round_ms"] = combined[name].extra.get("round_ms", [])
+        rows.append(row)
     bound = roofline_ms(fam, shape, case.dtype, peaks)
+    tuned = combined["tuned"]
     tuned_ms = tuned.latency_ms if tuned.ok else math.nan
     for r in rows:
         r["tuned_speedup"] = (r["median_ms"] / tuned_ms
                               if r["ok"] and tuned_ms == tuned_ms else math.nan)
     return {"kernel": fam.name, "shape_name": case.shape_name, "shape": fam.shape_key(shape),
             "dtype": case.dtype, "pack_config": hit.config, "pack_source": hit.source,
-            "roofline_ms": bound, "flops": fam.flops(shape),
+            "roofline_ms": bound, "flops": fam.flops(shape), "rounds": max(1, rounds),
             "bytes": fam.bytes_moved(shape, case.dtype), "rows": rows}
 
 
@@ -127,7 +171,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"triton {env['triton']}; CUDA {env['cuda']}",
         f"- command: `{env['command']}`",
         "- timing: `triton.testing.do_bench`, CUDA events, median of the repetitions (p20-p80 "
-        "shown), warm-up first, L2 cleared before every repetition, fresh random inputs.",
+        "shown), warm-up first, L2 cleared before every repetition, fresh random inputs; "
+        "the variants of a case are measured in turn, in rounds, and each shows its median "
+        "round (the spread of the round medians in the note).",
         f"- measured ceilings: {json.dumps(report['peaks'])}",
         "",
     ]
@@ -148,11 +194,16 @@ def markdown(report: dict[str, Any]) -> str:
                 continue
             roof = (c["roofline_ms"] / r["median_ms"] * 100
                     if c["roofline_ms"] == c["roofline_ms"] else math.nan)
+            rms = r.get("round_ms") or []
+            note = "; ".join(x for x in (
+                r["note"],
+                f"{len(rms)} rounds {min(rms):.4g}-{max(rms):.4g}" if len(rms) > 1 else "")
+                if x)
             lines.append(
                 f"| {r['variant']} | {_fmt(r['median_ms'], '.4g')} | "
                 f"{_fmt(r['p20_ms'], '.4g')}-{_fmt(r['p80_ms'], '.4g')} | "
                 f"{_fmt(r['tuned_speedup'], '.2f')}x | {_fmt(roof, '.0f')} | "
-                f"{_fmt(r['max_abs_err'], '.2g')} | {r['note']} |")
+                f"{_fmt(r['max_abs_err'], '.2g')} | {note} |")
         lines.append("")
     lines += cost_markdown(report)
     return "\n".join(lines)
@@ -210,7 +261,7 @@ class CostSettings:
 def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
               cases_file: str | Path = CASES_FILE, budget_s: float = 540.0,
               log: Callable[[str], None] = print,
-              cost: CostSettings | None = None) -> dict[str, Any]:
+              cost: CostSettings | None = None, rounds: int = 3) -> dict[str, Any]:
     """Benchmark every case, then the cost sections; write
     ``<out_dir>/<hardware>/bench.{json,md}`` (after each step: a cut run keeps its part)."""
     cost = cost or CostSettings()
@@ -229,7 +280,7 @@ def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
             case = Case(case.kernel, case.shape_name, case.dtype, compile=False)
         log(f"bench: {case.kernel} {case.shape_name} {case.dtype}")
         try:
-            report["cases"].append(bench_case(case, measurer, peaks, spec.key))
+            report["cases"].append(bench_case(case, measurer, peaks, spec.key, rounds=rounds))
         except Exception as exc:  # one broken case must not lose the others' results
             report.setdefault("errors", []).append({**case.__dict__, "error": repr(exc)[:500]})
             log(f"bench: {case} failed: {exc!r}"[:500])

@@ -155,7 +155,8 @@ def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
                         enabled=not args.no_cost)
     report = run_bench(args.out, args.kernel or None, command,
                        cases_file=args.cases or CASES_FILE, budget_s=args.budget_s,
-                       log=lambda m: console.print(m, markup=False), cost=cost)
+                       log=lambda m: console.print(m, markup=False), cost=cost,
+                       rounds=args.rounds)
     console.print(f"bench: {len(report['cases'])} cases in {report['wall_s']:.0f} s -> "
                   f"{args.out}/{report['environment']['hardware']}/bench.md")
     return 1 if report.get("errors") else 0
@@ -187,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-cost", action="store_true",
                    help="only the kernel tables: no tuning, lookup or decorator sections")
     b.add_argument("--quick", action="store_true", help="short lookup benchmark (smoke runs)")
+    b.add_argument("--rounds", type=int, default=3,
+                   help="measure a case's variants in turn this many times; each shows its "
+                   "median round (default 3)")
     b.set_defaults(func=_cmd_bench)
     rp = sub.add_parser("report", help="a self-contained HTML report of an experiment")
     rp.add_argument("source", help="experiment name, its runs directory (runs/<name>), its "

@@ -29,6 +29,11 @@ _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.fl
 # they are passed only where the config has them and the GPU is a ROCm one.
 _AMD_KWARGS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
+# Triton 3.6's loop fusion (TritonGPUFuseNestedLoops) fails on the TMA kernel's
+# conditional store inside a flattened loop ("PassManager::run failed", H200, 2026-11-23);
+# newer releases are let through, where a failure would fail only that trial.
+_FLATTEN_STORE_BROKEN = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+
 # Programs of the persistent variant when there is no GPU to ask (the interpreter): small,
 # so that each program still loops over several tiles.
 _CPU_PROGRAMS = 4
@@ -600,6 +605,9 @@ class GroupedGemm(SingleLaunch, Kernel):
             return "FLATTEN=1 needs USE_TMA=1 and PERSISTENT=1"
         if tma_store and not int(cfg.get("USE_TMA", 0)):
             return "TMA_STORE=1 needs USE_TMA=1"
+        if flatten and tma_store and _FLATTEN_STORE_BROKEN and not device.interpreted:
+            return (f"FLATTEN=1 with TMA_STORE=1: Triton {triton.__version__} cannot fuse the "
+                    "loops around the conditional store")
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

@@ -52,7 +52,11 @@ def test_bench_measures_the_case_against_its_baselines(bench_run) -> None:
         assert r["ok"], r
         assert r["median_ms"] > 0 and r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
         assert r["max_abs_err"] < 1e-3  # fp32 rmsnorm against its reference
+        # Three interleaved rounds (the default); the figure is the median round's.
+        assert len(r["round_ms"]) == 3 and r["median_ms"] == sorted(r["round_ms"])[1]
+    assert case["rounds"] == 3
     assert case["pack_source"] in ("exact", "nearest", "default")
+    assert "3 rounds" in (where / "bench.md").read_text()
     assert math.isclose(rows["tuned"]["tuned_speedup"], 1.0)
 
 
@@ -89,3 +93,20 @@ def test_readme_section_renders_every_results_file(bench_run, tmp_path) -> None:
 
 def test_cost_markdown_without_sections_is_empty() -> None:
     assert bench.cost_markdown({}) == []
+
+
+def test_combine_takes_the_median_round_and_keeps_failures() -> None:
+    from harness.measure import TrialResult
+
+    def ok(ms: float) -> TrialResult:
+        return TrialResult(ok=True, latency_ms=ms, p20_ms=ms - 0.1, p80_ms=ms + 0.1)
+
+    got = bench._combine([ok(3.0), ok(1.0), ok(2.0)])
+    assert got.latency_ms == 2.0 and got.extra["round_ms"] == [3.0, 1.0, 2.0]
+    assert got.p20_ms == pytest.approx(1.9) and got.p80_ms == pytest.approx(2.1)
+    # Even rounds: the lower median, an actual round's figure.
+    assert bench._combine([ok(4.0), ok(1.0), ok(2.0), ok(3.0)]).latency_ms == 2.0
+    bad = TrialResult(ok=False, reason="runtime error: boom")
+    got = bench._combine([ok(1.0), bad, ok(2.0)])
+    assert not got.ok and got.reason == "runtime error: boom"
+    assert got.extra["round_ms"] == [1.0, 2.0]

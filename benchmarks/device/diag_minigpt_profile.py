@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness import hardware  # noqa: E402
-from harness.packs import lookup  # noqa: E402
+from harness.packs.lookup import lookup_entry  # noqa: E402
 from kernels.minigpt_block import MiniGPTBlock, sdpa_fp16_block  # noqa: E402
 
 
@@ -53,8 +53,7 @@ def main() -> None:
     if args.config:
         cfg = json.loads(args.config)
     else:
-        hit = lookup.lookup_entry("minigpt_block", "fp32", hardware.current_device().key,
-                                  **shape)
+        hit = lookup_entry("minigpt_block", "fp32", hardware.current_device().key, **shape)
         cfg = hit.config
     ours = k.launcher(inputs, shape, cfg)
     compiled = torch.compile(sdpa_fp16_block)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device session 7 (#6). Phases (PHASES), each optional:
 #   tests    GPU tests: GPU_TESTS="files" GPU_K="-k expression"
+#   ggbench  `kharness bench --kernel grouped_gemm` alone (the pack as it is)
 #   gg       the grouped GEMM TMA grid (configs/grouped_gemm_tma_grid.yaml, exhaustive,
 #            freezes packs/<GPU>/grouped_gemm.json), then `kharness bench --kernel
 #            grouped_gemm`: the pack's config against the default, eager, torch.compile,
@@ -11,6 +12,10 @@
 # Everything lands in $OUT/all.tar.gz.
 DEFAULT_PHASES="tests gg mgprof"
 source "$(dirname "$0")/common.sh"
+# The GPU's clocks, power and throttle reasons every 250 ms, for the drift seen in timings.
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 250 > $R/logs/gpu_clocks.csv 2>&1 &
+CLOCKS=$!
 
 if has tests; then
   timeout ${TEST_S:-300} python3 -m pytest -q -s -m gpu -p no:cacheprovider --durations=10 \
@@ -24,7 +29,11 @@ if has gg; then
   echo "gg grid rc=$? t=$(el)"; summ $log.json
   python3 -c "import json; d=json.load(open('$log.json')); [print('  ', r.get('params'), r.get('latency_ms'), r.get('winner_reason')) for r in d['rows']]" 2>/dev/null
   [ -f runs/grouped-gemm-tma-grid/optuna.db ] && gzip -c runs/grouped-gemm-tma-grid/optuna.db > $log.optuna.db.gz
-  timeout ${BENCH_S:-200} python3 -m harness bench --kernel grouped_gemm --no-cost --out $R/results > $R/logs/gg_bench.log 2>&1
+  timeout ${BENCH_S:-200} python3 -m harness bench --kernel grouped_gemm --no-cost --rounds ${ROUNDS:-5} --out $R/results > $R/logs/gg_bench.log 2>&1
+  echo "gg bench rc=$? t=$(el)"; cat $R/results/*/bench.md 2>/dev/null | grep -A12 "## grouped_gemm"
+fi
+if has ggbench; then
+  timeout ${BENCH_S:-200} python3 -m harness bench --kernel grouped_gemm --no-cost --rounds ${ROUNDS:-5} --out $R/results > $R/logs/gg_bench.log 2>&1
   echo "gg bench rc=$? t=$(el)"; cat $R/results/*/bench.md 2>/dev/null | grep -A12 "## grouped_gemm"
 fi
 if has mgprof; then
@@ -40,13 +49,14 @@ if has mg; then
         > $R/logs/mg_$base.json 2> $R/logs/mg_$base.log
     echo "mg $base rc=$? t=$(el)"; summ $R/logs/mg_$base.json
   done
-  timeout ${BENCH_S:-200} python3 -m harness bench --kernel minigpt_block --no-cost --out $R/results > $R/logs/mg_bench.log 2>&1
+  timeout ${BENCH_S:-200} python3 -m harness bench --kernel minigpt_block --no-cost --rounds ${ROUNDS:-5} --out $R/results > $R/logs/mg_bench.log 2>&1
   echo "mg bench rc=$? t=$(el)"; cat $R/results/*/bench.md 2>/dev/null | grep -A10 "## minigpt"
 fi
 if has msweep; then
   timeout ${MSWEEP_S:-240} python3 benchmarks/grouped_gemm_sweep.py --out $R/results > $R/logs/msweep.log 2>&1
   echo "msweep rc=$? t=$(el)"; cat $R/results/grouped_gemm_sweep.md 2>/dev/null | tail -9
 fi
+kill $CLOCKS 2>/dev/null
 cp -r packs $R/ 2>/dev/null
 tar -czf $OUT/all.tar.gz -C $OUT r && rm -rf $R
 echo "done t=$(el)"
