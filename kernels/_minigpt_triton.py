@@ -175,6 +175,99 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, y_ptr,
 
 
 @triton.jit
+def _mm(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b; IEEE: true fp32 products (the fp32 path), else the operands' own."""
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _flash_inner_split(acc_a, acc_b, m_i, l_i, q_a, q_b, k_base, v_base, skt, skd, svt,
+                       offs_m, offs_n0, offs_da, offs_db, lo, hi, T, qk_scale,
+                       BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr):
+    """``_flash_inner`` with the head dim in two power-of-two parts (a, b): no padding."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        ka_ptrs = k_base + offs_da[:, None] * skd + offs_n[None, :] * skt
+        kb_ptrs = k_base + offs_db[:, None] * skd + offs_n[None, :] * skt
+        va_ptrs = v_base + offs_n[:, None] * svt + offs_da[None, :]
+        vb_ptrs = v_base + offs_n[:, None] * svt + offs_db[None, :]
+        if MASKED:
+            n_ok = offs_n < T
+            k_a = tl.load(ka_ptrs, mask=n_ok[None, :], other=0.0)
+            k_b = tl.load(kb_ptrs, mask=n_ok[None, :], other=0.0)
+            v_a = tl.load(va_ptrs, mask=n_ok[:, None], other=0.0)
+            v_b = tl.load(vb_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            k_a = tl.load(ka_ptrs)
+            k_b = tl.load(kb_ptrs)
+            v_a = tl.load(va_ptrs)
+            v_b = tl.load(vb_ptrs)
+        s = _mm(q_a, k_a, tl.zeros([q_a.shape[0], BLOCK_N], dtype=tl.float32), IEEE)
+        s = _mm(q_b, k_b, s, IEEE) * qk_scale
+        if MASKED:
+            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p = p.to(v_a.dtype)
+        acc_a = _mm(p, v_a, acc_a * alpha[:, None], IEEE)
+        acc_b = _mm(p, v_b, acc_b * alpha[:, None], IEEE)
+        m_i = m_new
+    return acc_a, acc_b, m_i, l_i
+
+
+@triton.jit
+def _flash_attn_split_kernel(q_ptr, k_ptr, v_ptr, y_ptr,
+                             sqb, sqh, sqt, skb, skh, skt, skd, svb, svh, svt,
+                             T, H, stride_y, qk_scale, HD: tl.constexpr, D_A: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             IEEE: tl.constexpr):
+    """``_flash_attn_kernel`` for a head dim that is the sum of two powers of two
+    (HD = D_A + D_B, both >= 16; 96 = 64 + 32): q, k, v and the accumulator in two column
+    parts, so no dot multiplies padding (padding 96 to 128 costs a third more work)."""
+    D_B: tl.constexpr = HD - D_A
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_da = tl.arange(0, D_A)
+    offs_db = D_A + tl.arange(0, D_B)
+    m_ok = (offs_m < T)[:, None]
+    q_rows = q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt
+    q_a = tl.load(q_rows + offs_da[None, :], mask=m_ok, other=0.0)
+    q_b = tl.load(q_rows + offs_db[None, :], mask=m_ok, other=0.0)
+    k_base = k_ptr + b * skb + h * skh
+    v_base = v_ptr + b * svb + h * svh
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_a = tl.zeros([BLOCK_M, D_A], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_M, D_B], dtype=tl.float32)
+
+    q_lo = pid_m * BLOCK_M
+    n_free = (q_lo // BLOCK_N) * BLOCK_N
+    n_end = tl.minimum(q_lo + BLOCK_M, T)
+    acc_a, acc_b, m_i, l_i = _flash_inner_split(
+        acc_a, acc_b, m_i, l_i, q_a, q_b, k_base, v_base, skt, skd, svt, offs_m, offs_n0,
+        offs_da, offs_db, 0, n_free, T, qk_scale, BLOCK_N, False, IEEE)
+    acc_a, acc_b, m_i, l_i = _flash_inner_split(
+        acc_a, acc_b, m_i, l_i, q_a, q_b, k_base, v_base, skt, skd, svt, offs_m, offs_n0,
+        offs_da, offs_db, n_free, n_end, T, qk_scale, BLOCK_N, True, IEEE)
+
+    y_rows = y_ptr + (b * T + offs_m).to(tl.int64)[:, None] * stride_y + h * HD
+    tl.store(y_rows + offs_da[None, :], (acc_a / l_i[:, None]).to(y_ptr.dtype.element_ty),
+             mask=m_ok)
+    tl.store(y_rows + offs_db[None, :], (acc_b / l_i[:, None]).to(y_ptr.dtype.element_ty),
+             mask=m_ok)
+
+
+@triton.jit
 def _bias_gelu_kernel(a_ptr, bias_ptr, y_ptr, NUMEL, N_COLS, BLOCK: tl.constexpr):
     """y = NewGELU(a + bias[col]) over a flat [rows, N_COLS] tensor (y may alias a)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -19,6 +19,8 @@ for everything around them. Tunables (all real choices with their own accuracy):
 * ``ATTN``: ``fused_softmax`` (cuBLAS q k^T, one Triton pass for scale + causal mask +
   softmax in place, cuBLAS P v) or ``flash`` (one Triton kernel with online softmax that
   never writes the T x T matrix; head dim 96 is padded to 128 with masked loads).
+* ``FLASH_SPLIT_D``: the flash kernel holds a head dim that is the sum of two powers of
+  two (96 = 64 + 32) as two column parts, or pads it to the next power of two (128).
 * ``FUSE_GELU``: 0: ``addmm`` then the NewGELU formula as separate torch ops in the
   GEMM dtype; 1: c_fc bias + NewGELU (+ the cast) in one Triton pass after ``mm``;
   2: cuBLASLt's bias + GELU epilogue (``torch._addmm_activation(use_gelu=True)``, the
@@ -50,6 +52,7 @@ from kernels._minigpt_triton import (
     _bias_residual_kernel,
     _causal_softmax_kernel,
     _flash_attn_kernel,
+    _flash_attn_split_kernel,
     _layernorm_kernel,
     _qkv_split_kernel,
 )
@@ -64,11 +67,23 @@ _CHOICES = {
     "PRECISION": ("fp32", "fp16"),
     "FUSE_GELU": (0, 1, 2),
     "FUSE_RESIDUAL": (0, 1),
+    "FLASH_SPLIT_D": (0, 1),
 }
 
 
 def _pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def _head_split(hd: int) -> int | None:
+    """The first part D_A of a head dim that is the sum of two powers of two, both >= 16
+    (96 = 64 + 32), for the flash kernel without padding; None for any other head dim
+    (a power of two needs no split)."""
+    d_a = _pow2(hd) // 2
+    d_b = hd - d_a
+    if hd & (hd - 1) == 0 or d_b < 16 or d_b & (d_b - 1):
+        return None
+    return d_a
 
 
 def _head_block(hd: int) -> int:
@@ -168,6 +183,7 @@ class MiniGPTBlock(Kernel):
         "FLASH_BLOCK_N": 32,
         "FLASH_WARPS": 4,
         "FLASH_STAGES": 2,
+        "FLASH_SPLIT_D": 0,
         "LN_ROWS": 1,
         "LN_WARPS": 4,
         "EW_BLOCK": 1024,
@@ -304,9 +320,16 @@ class MiniGPTBlock(Kernel):
             flash_grid = (triton.cdiv(T, bm), B * H)
             flash_args = (q, k, v, y2d, q_st[0], q_st[1], q_st[2], k_st[0], k_st[1], k_st[2],
                           k_st[3], v_st[0], v_st[1], v_st[2], T, H, C, qk_scale)
-            flash_kw = {"HD": hd, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": _head_block(hd),
-                        "IEEE": not fp16, "num_warps": int(cfg["FLASH_WARPS"]),
+            flash_kw = {"HD": hd, "BLOCK_M": bm, "BLOCK_N": bn, "IEEE": not fp16,
+                        "num_warps": int(cfg["FLASH_WARPS"]),
                         "num_stages": int(cfg["FLASH_STAGES"])}
+            if int(cfg["FLASH_SPLIT_D"]):
+                d_a = _head_split(hd)
+                if d_a is None:
+                    raise ValueError(f"FLASH_SPLIT_D=1: head dim {hd} has no split")
+                flash_kernel, flash_kw["D_A"] = _flash_attn_split_kernel, d_a
+            else:
+                flash_kernel, flash_kw["BLOCK_D"] = _flash_attn_kernel, _head_block(hd)
         else:
             scores = torch.empty(B * H, T, T, device=dev, dtype=pd)
             yh = torch.empty(B * H, T, hd, device=dev, dtype=pd)
@@ -317,7 +340,7 @@ class MiniGPTBlock(Kernel):
 
         def attention() -> None:
             if attn == "flash":
-                _flash_attn_kernel[flash_grid](*flash_args, **flash_kw)
+                flash_kernel[flash_grid](*flash_args, **flash_kw)
                 return
             torch.bmm(q3, k3, out=scores)
             _causal_softmax_kernel[sm_grid](scores, B * H * T, T, qk_scale, **sm_kw)
@@ -421,12 +444,19 @@ class MiniGPTBlock(Kernel):
             return "FLASH_BLOCK_M and FLASH_BLOCK_N must be >= 16 (tl.dot)"
         if int(cfg["FLASH_STAGES"]) < 1:
             return f"FLASH_STAGES={cfg['FLASH_STAGES']} must be >= 1"
+        if int(cfg["FLASH_SPLIT_D"]) and cfg["ATTN"] != "flash":
+            return "FLASH_SPLIT_D=1 is an option of ATTN=flash"
+        if int(cfg["FLASH_SPLIT_D"]) and _head_split(C // H) is None:
+            return (f"FLASH_SPLIT_D=1: head dim {C // H} is not the sum of two powers of "
+                    "two >= 16")
         if device.interpreted:
             return None  # no registers or shared memory to run out of
         lanes = 64 if device.vendor == "amd" else 32
         hd = C // H
         if cfg["ATTN"] == "flash":
-            bd, stages = _head_block(hd), int(cfg["FLASH_STAGES"])
+            # The split kernel holds exactly hd columns; the other pads them to a power of 2.
+            bd = hd if int(cfg["FLASH_SPLIT_D"]) else _head_block(hd)
+            stages = int(cfg["FLASH_STAGES"])
             if device.vendor == "amd":
                 # q resident; the stream pipeliner keeps one stage in registers.
                 item = 2 if cfg["PRECISION"] == "fp16" else 4

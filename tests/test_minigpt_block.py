@@ -17,6 +17,8 @@ K = MiniGPTBlock()
 CPU = spec_for_key("cpu")
 PARAMS = spaces.load_raw("minigpt_block")["params"]
 TEST = K.shapes["test"]
+# Head dim 48 = 32 + 16: the shape of the split-head flash kernel (FLASH_SPLIT_D=1).
+SPLIT_TEST = {"B": 1, "T": 128, "C": 96, "H": 2}
 # fp32 configs are far inside the 1e-3 bound at test sizes; a padding or masking slip
 # shows up well above this.
 FP32_TIGHT = 1e-5
@@ -59,7 +61,7 @@ def _structural_cases() -> list[dict]:
     for name, values in _CHOICES.items():
         for v in values:
             cfg = {name: v}
-            if name == "QKV_SPLIT" and v == "none":
+            if (name == "QKV_SPLIT" and v == "none") or (name == "FLASH_SPLIT_D" and v):
                 cfg["ATTN"] = "flash"
             cases.append(cfg)
     return cases
@@ -67,11 +69,46 @@ def _structural_cases() -> list[dict]:
 
 @pytest.mark.parametrize("config", _structural_cases(), ids=str)
 def test_every_structural_choice(config, device):
-    _run(config, device)
+    shape = SPLIT_TEST if config.get("FLASH_SPLIT_D") else TEST
+    _run(config, device, shape=shape)
     # The other precision too: every choice is correct in both.
     other = "fp16" if {**K.default_config, **config}["PRECISION"] == "fp32" else "fp32"
     if "PRECISION" not in config:
-        _run({**config, "PRECISION": other}, device)
+        _run({**config, "PRECISION": other}, device, shape=shape)
+
+
+@pytest.mark.parametrize("shape", [
+    {"B": 2, "T": 100, "C": 96, "H": 2},  # hd 48 = 32 + 16, T off every tile
+    {"B": 1, "T": 130, "C": 160, "H": 2},  # hd 80 = 64 + 16
+], ids=str)
+@pytest.mark.parametrize("config", [
+    {"QKV_SPLIT": "none", "PRECISION": "fp32"},
+    {"QKV_SPLIT": "none", "PRECISION": "fp16", "FLASH_BLOCK_M": 128, "FLASH_BLOCK_N": 32},
+    {"QKV_SPLIT": "fused", "PRECISION": "fp16", "FLASH_BLOCK_N": 128},
+], ids=str)
+def test_split_head_flash_matches_padded(shape, config, device):
+    """The split-head kernel against the reference and against the padded kernel: the
+    same products, summed in two parts, so fp32 agrees to rounding."""
+    cfg = {**FAST, "ATTN": "flash", **config}
+    res = _run({**cfg, "FLASH_SPLIT_D": 1}, device, shape=shape, seed=3)
+    assert res["ok"]
+    inputs, _ = _problem(tuple(sorted(shape.items())), 3, device)
+    split = K.launcher(inputs, shape, {**cfg, "FLASH_SPLIT_D": 1})().clone()
+    padded = K.launcher(inputs, shape, {**cfg, "FLASH_SPLIT_D": 0})()
+    tol = 1e-5 if cfg["PRECISION"] == "fp32" else 2e-3
+    assert (split - padded).abs().max().item() < tol
+
+
+def test_split_head_pruning():
+    h100 = spec_for_key("H100")
+    seed = K.shapes["kernelbench-b32"]  # hd 96 = 64 + 32
+    flash = {"ATTN": "flash", "QKV_SPLIT": "none", "PRECISION": "fp16", "FLASH_SPLIT_D": 1}
+    assert K.check_config(flash, seed, h100) is None
+    assert "option of ATTN=flash" in K.check_config(
+        {**flash, "ATTN": "fused_softmax", "QKV_SPLIT": "torch"}, seed, h100)
+    for hd in (24, 64, 112):  # 16 + 8; a power of two; 64 + 48
+        shape = {**seed, "C": hd * 2, "H": 2}
+        assert "sum of two powers of two" in K.check_config(flash, shape, CPU)
 
 
 def _tile_cases() -> list[dict]:
@@ -241,6 +278,12 @@ GPU_CONFIGS = [
      "FLASH_BLOCK_M": 64, "FLASH_BLOCK_N": 128, "FLASH_WARPS": 4},
     {"PRECISION": "fp16", "ATTN": "fused_softmax", "QKV_SPLIT": "fused", "SOFTMAX_ROWS": 2,
      "SOFTMAX_WARPS": 2, "FUSE_GELU": 0, "FUSE_RESIDUAL": 0},
+    # The split-head flash kernel (96 = 64 + 32), fp16 and fp32.
+    {"PRECISION": "fp16", "ATTN": "flash", "QKV_SPLIT": "none", "FUSE_GELU": 2,
+     "FUSE_RESIDUAL": 1, "FLASH_BLOCK_M": 128, "FLASH_BLOCK_N": 64, "FLASH_WARPS": 8,
+     "FLASH_STAGES": 2, "FLASH_SPLIT_D": 1},
+    {"PRECISION": "fp32", "ATTN": "flash", "QKV_SPLIT": "fused", "FLASH_BLOCK_M": 64,
+     "FLASH_BLOCK_N": 32, "FLASH_WARPS": 4, "FLASH_STAGES": 2, "FLASH_SPLIT_D": 1},
 ]
 
 
