@@ -15,11 +15,13 @@ _GELU_C = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def _layernorm_kernel(x_ptr, a_ptr, bias_ptr, xo_ptr, w_ptr, b_ptr, y_ptr, M, N, eps,
-                      FUSED_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+def _layernorm_kernel(x_ptr, a_ptr, bias_ptr, xo_ptr, xo_bias_ptr, w_ptr, b_ptr, y_ptr, M,
+                      N, eps, FUSED_RES: tl.constexpr, XO_BIAS: tl.constexpr,
+                      ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
     """ROWS rows of N per program: ``y = LN(x)``, or with FUSED_RES ``x' = x + a + bias``
     (stored fp32) then ``y = LN(x')``: the attention's c_proj bias, the first residual and
-    ln_2 in one pass."""
+    ln_2 in one pass. XO_BIAS stores ``x' + xo_bias`` instead of ``x'`` (the MLP's c_proj
+    bias folded into the residual that its GEMM then adds as C)."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_C)
     col_ok = cols < N
@@ -30,7 +32,11 @@ def _layernorm_kernel(x_ptr, a_ptr, bias_ptr, xo_ptr, w_ptr, b_ptr, y_ptr, M, N,
         a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         x = x + (a + bias[None, :])
-        tl.store(xo_ptr + offs, x, mask=mask)
+        if XO_BIAS:
+            xb = tl.load(xo_bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            tl.store(xo_ptr + offs, x + xb[None, :], mask=mask)
+        else:
+            tl.store(xo_ptr + offs, x, mask=mask)
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)

@@ -25,8 +25,11 @@ for everything around them. Tunables (all real choices with their own accuracy):
   GEMM dtype; 1: c_fc bias + NewGELU (+ the cast) in one Triton pass after ``mm``;
   2: cuBLASLt's bias + GELU epilogue (``torch._addmm_activation(use_gelu=True)``, the
   tanh GELU on CUDA -- NewGELU exactly), no extra pass at all.
-* ``FUSE_RESIDUAL``: c_proj bias + first residual + ln_2 in one row kernel and the MLP
-  bias + second residual in one element-wise kernel, or ``addmm`` + torch adds.
+* ``FUSE_RESIDUAL``: 1: c_proj bias + first residual + ln_2 in one row kernel and the
+  MLP bias + second residual in one element-wise kernel; 2: the same row kernel also
+  stores the residual plus the MLP's c_proj bias, which that GEMM adds as its C operand
+  with an fp32 result (``addmm(..., out_dtype=float32)`` on CUDA: no extra pass, and the
+  MLP branch is never rounded to fp16); 0: ``addmm`` + torch adds.
 * block sizes / warps of each Triton kernel (``SPLIT_*``, ``SOFTMAX_*``, ``FLASH_*``,
   ``LN_*``, ``EW_*``).
 
@@ -66,7 +69,7 @@ _CHOICES = {
     "ATTN": ("fused_softmax", "flash"),
     "PRECISION": ("fp32", "fp16"),
     "FUSE_GELU": (0, 1, 2),
-    "FUSE_RESIDUAL": (0, 1),
+    "FUSE_RESIDUAL": (0, 1, 2),
     "FLASH_SPLIT_D": (0, 1),
 }
 
@@ -256,6 +259,7 @@ class MiniGPTBlock(Kernel):
         wt = {n: t.t() for n, t in w.items()}  # cuBLAS takes the transpose for free
         bias = {n: inputs[f"{n}_b{sfx}"] for n, _, _ in _LINEARS}
         ln1w, ln1b, ln2w, ln2b = (inputs[k] for k in ("ln_1_w", "ln_1_b", "ln_2_w", "ln_2_b"))
+        mlp_b32 = inputs["mlp_proj_b"]  # fp32: FUSE_RESIDUAL=2 folds it into the residual
         split, attn = str(cfg["QKV_SPLIT"]), str(cfg["ATTN"])
         fuse_gelu, fuse_res = int(cfg["FUSE_GELU"]), int(cfg["FUSE_RESIDUAL"])
         if split == "none" and attn != "flash":
@@ -348,20 +352,21 @@ class MiniGPTBlock(Kernel):
             y2d.view(B, T, H, hd).copy_(yh.view(B, H, T, hd).transpose(1, 2))
 
         def forward() -> torch.Tensor:
-            _layernorm_kernel[ln_grid](x2d, x2d, ln1b, x2d, ln1w, ln1b, h1, BT, C, _LN_EPS,
-                                       FUSED_RES=False, **ln_kw)
+            _layernorm_kernel[ln_grid](x2d, x2d, ln1b, x2d, ln1b, ln1w, ln1b, h1, BT, C,
+                                       _LN_EPS, FUSED_RES=False, XO_BIAS=False, **ln_kw)
             torch.addmm(bias["c_attn"], h1, wt["c_attn"], out=qkv)
             split_qkv()
             attention()
             if fuse_res:
                 torch.mm(y2d, wt["attn_proj"], out=a)
-                _layernorm_kernel[ln_grid](x2d, a, bias["attn_proj"], x1, ln2w, ln2b, h2, BT,
-                                           C, _LN_EPS, FUSED_RES=True, **ln_kw)
+                _layernorm_kernel[ln_grid](x2d, a, bias["attn_proj"], x1, mlp_b32, ln2w, ln2b,
+                                           h2, BT, C, _LN_EPS, FUSED_RES=True,
+                                           XO_BIAS=fuse_res == 2, **ln_kw)
             else:
                 torch.addmm(bias["attn_proj"], y2d, wt["attn_proj"], out=a)
                 torch.add(x2d, a, out=x1)
-                _layernorm_kernel[ln_grid](x1, x1, ln2b, x1, ln2w, ln2b, h2, BT, C, _LN_EPS,
-                                           FUSED_RES=False, **ln_kw)
+                _layernorm_kernel[ln_grid](x1, x1, ln2b, x1, ln2b, ln2w, ln2b, h2, BT, C,
+                                           _LN_EPS, FUSED_RES=False, XO_BIAS=False, **ln_kw)
             if fuse_gelu == 2:
                 gelu_epilogue(h2, f)
                 g = f
@@ -373,7 +378,17 @@ class MiniGPTBlock(Kernel):
             else:
                 torch.addmm(bias["c_fc"], h2, wt["c_fc"], out=f)
                 g = new_gelu(f)
-            if fuse_res:
+            if fuse_res == 2:
+                # x1 already holds the residual plus the c_proj bias: out = x1 + g @ W^T.
+                if not fp16:
+                    torch.addmm(x1, g, wt["mlp_proj"], out=out2d)
+                elif dev.type == "cuda":
+                    return torch.addmm(x1, g, wt["mlp_proj"], out_dtype=torch.float32).view(
+                        B, T, C)
+                else:
+                    # No fp16 -> fp32 GEMM off CUDA: the same products and fp32 sums.
+                    torch.addmm(x1, g.float(), wt["mlp_proj"].float(), out=out2d)
+            elif fuse_res:
                 torch.mm(g, wt["mlp_proj"], out=m)
                 _bias_residual_kernel[(triton.cdiv(m.numel(), ew_block),)](
                     m, bias["mlp_proj"], x1, out2d, m.numel(), C, BLOCK=ew_block,
@@ -432,6 +447,9 @@ class MiniGPTBlock(Kernel):
                 return f"{name}={cfg[name]!r}: one of {list(allowed)}"
         if cfg["QKV_SPLIT"] == "none" and cfg["ATTN"] != "flash":
             return "QKV_SPLIT=none (q, k, v read in place) needs ATTN=flash"
+        if (int(cfg["FUSE_RESIDUAL"]) == 2 and cfg["PRECISION"] == "fp16"
+                and not hasattr(torch.ops.aten.addmm, "dtype")):
+            return f"FUSE_RESIDUAL=2: torch {torch.__version__} has no addmm(out_dtype=)"
         pow2 = ("SPLIT_BLOCK_T", "SPLIT_WARPS", "SOFTMAX_ROWS", "SOFTMAX_WARPS",
                 "FLASH_BLOCK_M", "FLASH_BLOCK_N", "FLASH_WARPS", "LN_ROWS", "LN_WARPS", "EW_BLOCK",
                 "EW_WARPS")
@@ -490,7 +508,7 @@ class MiniGPTBlock(Kernel):
         ln_per_thread = int(cfg["LN_ROWS"]) * _pow2(C) // (lanes * int(cfg["LN_WARPS"]))
         if ln_per_thread > 64:
             return f"layer norm: {ln_per_thread} values per thread > 64"
-        if int(cfg["FUSE_GELU"]) == 1 or int(cfg["FUSE_RESIDUAL"]):
+        if int(cfg["FUSE_GELU"]) == 1 or int(cfg["FUSE_RESIDUAL"]) == 1:
             if int(cfg["EW_BLOCK"]) // (lanes * int(cfg["EW_WARPS"])) > 64:
                 return f"EW_BLOCK={cfg['EW_BLOCK']} over {cfg['EW_WARPS']} warps: > 64 per thread"
         return None

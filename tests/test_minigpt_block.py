@@ -99,6 +99,23 @@ def test_split_head_flash_matches_padded(shape, config, device):
     assert (split - padded).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_residual_as_gemm_operand_matches_separate_pass(precision, device):
+    """FUSE_RESIDUAL=2 (the MLP bias folded into the stored residual, which the last
+    GEMM adds as C) against FUSE_RESIDUAL=1: the same block; in fp16 the MLP branch is
+    no longer rounded to fp16 before the add, so it is at least as close to fp64."""
+    cfg = {**FAST, "PRECISION": precision, "ATTN": "flash", "QKV_SPLIT": "none"}
+    fused = _run({**cfg, "FUSE_RESIDUAL": 2}, device)
+    sep = _run({**cfg, "FUSE_RESIDUAL": 1}, device)
+    if precision == "fp16":
+        assert fused["max_abs_err"] <= sep["max_abs_err"] * 1.05
+    inputs, _ = _problem(tuple(sorted(TEST.items())), 0, device)
+    a = K.launcher(inputs, TEST, {**cfg, "FUSE_RESIDUAL": 2})().clone()
+    b = K.launcher(inputs, TEST, {**cfg, "FUSE_RESIDUAL": 1})()
+    assert (a - b).abs().max().item() < (1e-5 if precision == "fp32" else 2e-3)
+    assert a.dtype == torch.float32 and a.shape == b.shape
+
+
 def test_split_head_pruning():
     h100 = spec_for_key("H100")
     seed = K.shapes["kernelbench-b32"]  # hd 96 = 64 + 32
@@ -278,6 +295,10 @@ GPU_CONFIGS = [
      "FLASH_BLOCK_M": 64, "FLASH_BLOCK_N": 128, "FLASH_WARPS": 4},
     {"PRECISION": "fp16", "ATTN": "fused_softmax", "QKV_SPLIT": "fused", "SOFTMAX_ROWS": 2,
      "SOFTMAX_WARPS": 2, "FUSE_GELU": 0, "FUSE_RESIDUAL": 0},
+    # The residual as the last GEMM's C operand, fp16 and fp32.
+    {"PRECISION": "fp16", "ATTN": "flash", "QKV_SPLIT": "none", "FUSE_GELU": 2,
+     "FUSE_RESIDUAL": 2, "FLASH_SPLIT_D": 1},
+    {"PRECISION": "fp32", "ATTN": "flash", "QKV_SPLIT": "none", "FUSE_RESIDUAL": 2},
     # The split-head flash kernel (96 = 64 + 32), fp16 and fp32.
     {"PRECISION": "fp16", "ATTN": "flash", "QKV_SPLIT": "none", "FUSE_GELU": 2,
      "FUSE_RESIDUAL": 1, "FLASH_BLOCK_M": 128, "FLASH_BLOCK_N": 64, "FLASH_WARPS": 8,

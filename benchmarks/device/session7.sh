@@ -48,6 +48,8 @@ if has mg; then
     timeout ${MG_S:-300} python3 -m harness run $exp --json --set search.trials=$n \
         > $R/logs/mg_$base.json 2> $R/logs/mg_$base.log
     echo "mg $base rc=$? t=$(el)"; summ $R/logs/mg_$base.json
+    name=$(python3 -c "import yaml; print(yaml.safe_load(open('$exp'))['name'])")
+    [ -f runs/$name/optuna.db ] && gzip -c runs/$name/optuna.db > $R/logs/mg_$base.optuna.db.gz
   done
   timeout ${BENCH_S:-200} python3 -m harness bench --kernel minigpt_block --no-cost --rounds ${ROUNDS:-5} --out $R/results > $R/logs/mg_bench.log 2>&1
   echo "mg bench rc=$? t=$(el)"; cat $R/results/*/bench.md 2>/dev/null | grep -A10 "## minigpt"
