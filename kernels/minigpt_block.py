@@ -17,8 +17,11 @@ for everything around them. Tunables (all real choices with their own accuracy):
   copy (``torch``), by one Triton pass (``fused``), or not at all (``none``: the flash
   kernel reads q, k, v strided from the c_attn output; flash only).
 * ``ATTN``: ``fused_softmax`` (cuBLAS q k^T, one Triton pass for scale + causal mask +
-  softmax in place, cuBLAS P v) or ``flash`` (one Triton kernel with online softmax that
-  never writes the T x T matrix; head dim 96 is padded to 128 with masked loads).
+  softmax in place, cuBLAS P v), ``flash`` (one Triton kernel with online softmax that
+  never writes the T x T matrix; head dim 96 is padded to 128 with masked loads, or split,
+  see FLASH_SPLIT_D) or ``sdpa`` (``F.scaled_dot_product_attention(is_causal=True)`` on
+  the c_attn output in place: the vendor library's fused attention, cuDNN / FlashAttention
+  on NVIDIA; the search picks whichever is faster on the GPU at hand).
 * ``FLASH_SPLIT_D``: the flash kernel holds a head dim that is the sum of two powers of
   two (96 = 64 + 32) as two column parts, or pads it to the next power of two (128).
 * ``FUSE_GELU``: 0: ``addmm`` then the NewGELU formula as separate torch ops in the
@@ -66,7 +69,7 @@ _LOG2E = 1.4426950408889634
 _LINEARS = (("c_attn", 3, 1), ("attn_proj", 1, 1), ("c_fc", 4, 1), ("mlp_proj", 1, 4))
 _CHOICES = {
     "QKV_SPLIT": ("torch", "fused", "none"),
-    "ATTN": ("fused_softmax", "flash"),
+    "ATTN": ("fused_softmax", "flash", "sdpa"),
     "PRECISION": ("fp32", "fp16"),
     "FUSE_GELU": (0, 1, 2),
     "FUSE_RESIDUAL": (0, 1, 2),
@@ -262,8 +265,8 @@ class MiniGPTBlock(Kernel):
         mlp_b32 = inputs["mlp_proj_b"]  # fp32: FUSE_RESIDUAL=2 folds it into the residual
         split, attn = str(cfg["QKV_SPLIT"]), str(cfg["ATTN"])
         fuse_gelu, fuse_res = int(cfg["FUSE_GELU"]), int(cfg["FUSE_RESIDUAL"])
-        if split == "none" and attn != "flash":
-            raise ValueError("QKV_SPLIT=none needs ATTN=flash")
+        if (split == "none" and attn == "fused_softmax") or (attn == "sdpa" and split != "none"):
+            raise ValueError("QKV_SPLIT=none goes with ATTN=flash or sdpa, sdpa with none")
         qk_scale = _LOG2E / math.sqrt(hd)
 
         # Work buffers, allocated once.
@@ -334,6 +337,9 @@ class MiniGPTBlock(Kernel):
                 flash_kernel, flash_kw["D_A"] = _flash_attn_split_kernel, d_a
             else:
                 flash_kernel, flash_kw["BLOCK_D"] = _flash_attn_kernel, _head_block(hd)
+        elif attn == "sdpa":
+            # [B, H, T, hd] views of the c_attn output: no copy on the way in.
+            q4, k4, v4 = (qkv5[:, :, i].transpose(1, 2) for i in range(3))
         else:
             scores = torch.empty(B * H, T, T, device=dev, dtype=pd)
             yh = torch.empty(B * H, T, hd, device=dev, dtype=pd)
@@ -342,28 +348,35 @@ class MiniGPTBlock(Kernel):
             sm_kw = {"ROWS": rows, "BLOCK_T": _pow2(T), "num_warps": int(cfg["SOFTMAX_WARPS"])}
             q3, k3, v3 = q.view(B * H, T, hd), k.view(B * H, hd, T), v.view(B * H, T, hd)
 
-        def attention() -> None:
+        def attention() -> torch.Tensor:
+            """Attention's output as [B*T, C], head h at columns h*hd (c_proj's input)."""
             if attn == "flash":
                 flash_kernel[flash_grid](*flash_args, **flash_kw)
-                return
+                return y2d
+            if attn == "sdpa":
+                y = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
+                # The fused backends write [B, T, H, hd] and return its [B, H, T, hd] view,
+                # so this reshape is free; otherwise it copies.
+                return y.transpose(1, 2).reshape(BT, C)
             torch.bmm(q3, k3, out=scores)
             _causal_softmax_kernel[sm_grid](scores, B * H * T, T, qk_scale, **sm_kw)
             torch.bmm(scores, v3, out=yh)
             y2d.view(B, T, H, hd).copy_(yh.view(B, H, T, hd).transpose(1, 2))
+            return y2d
 
         def forward() -> torch.Tensor:
             _layernorm_kernel[ln_grid](x2d, x2d, ln1b, x2d, ln1b, ln1w, ln1b, h1, BT, C,
                                        _LN_EPS, FUSED_RES=False, XO_BIAS=False, **ln_kw)
             torch.addmm(bias["c_attn"], h1, wt["c_attn"], out=qkv)
             split_qkv()
-            attention()
+            y = attention()
             if fuse_res:
-                torch.mm(y2d, wt["attn_proj"], out=a)
+                torch.mm(y, wt["attn_proj"], out=a)
                 _layernorm_kernel[ln_grid](x2d, a, bias["attn_proj"], x1, mlp_b32, ln2w, ln2b,
                                            h2, BT, C, _LN_EPS, FUSED_RES=True,
                                            XO_BIAS=fuse_res == 2, **ln_kw)
             else:
-                torch.addmm(bias["attn_proj"], y2d, wt["attn_proj"], out=a)
+                torch.addmm(bias["attn_proj"], y, wt["attn_proj"], out=a)
                 torch.add(x2d, a, out=x1)
                 _layernorm_kernel[ln_grid](x1, x1, ln2b, x1, ln2b, ln2w, ln2b, h2, BT, C,
                                            _LN_EPS, FUSED_RES=False, XO_BIAS=False, **ln_kw)
@@ -445,8 +458,10 @@ class MiniGPTBlock(Kernel):
         for name, allowed in _CHOICES.items():
             if cfg[name] not in allowed:
                 return f"{name}={cfg[name]!r}: one of {list(allowed)}"
-        if cfg["QKV_SPLIT"] == "none" and cfg["ATTN"] != "flash":
-            return "QKV_SPLIT=none (q, k, v read in place) needs ATTN=flash"
+        if cfg["QKV_SPLIT"] == "none" and cfg["ATTN"] == "fused_softmax":
+            return "QKV_SPLIT=none (q, k, v read in place) needs ATTN=flash or sdpa"
+        if cfg["ATTN"] == "sdpa" and cfg["QKV_SPLIT"] != "none":
+            return "ATTN=sdpa reads q, k, v in place: it needs QKV_SPLIT=none"
         if (int(cfg["FUSE_RESIDUAL"]) == 2 and cfg["PRECISION"] == "fp16"
                 and not hasattr(torch.ops.aten.addmm, "dtype")):
             return f"FUSE_RESIDUAL=2: torch {torch.__version__} has no addmm(out_dtype=)"
@@ -497,7 +512,7 @@ class MiniGPTBlock(Kernel):
             if per_thread > 256:
                 return (f"flash: {per_thread} fp32 accumulator, score and q values per thread "
                         "> 256 (register spills)")
-        else:
+        elif cfg["ATTN"] == "fused_softmax":
             per_thread = int(cfg["SOFTMAX_ROWS"]) * _pow2(T) // (lanes * int(cfg["SOFTMAX_WARPS"]))
             if per_thread > 128:
                 return f"softmax: {per_thread} values per thread > 128"

@@ -63,6 +63,8 @@ def _structural_cases() -> list[dict]:
             cfg = {name: v}
             if (name == "QKV_SPLIT" and v == "none") or (name == "FLASH_SPLIT_D" and v):
                 cfg["ATTN"] = "flash"
+            if name == "ATTN" and v == "sdpa":
+                cfg["QKV_SPLIT"] = "none"
             cases.append(cfg)
     return cases
 
@@ -114,6 +116,17 @@ def test_residual_as_gemm_operand_matches_separate_pass(precision, device):
     b = K.launcher(inputs, TEST, {**cfg, "FUSE_RESIDUAL": 1})()
     assert (a - b).abs().max().item() < (1e-5 if precision == "fp32" else 2e-3)
     assert a.dtype == torch.float32 and a.shape == b.shape
+
+
+def test_sdpa_pruning():
+    h100 = spec_for_key("H100")
+    seed = K.shapes["kernelbench-b32"]
+    assert K.check_config({"ATTN": "sdpa", "QKV_SPLIT": "none"}, seed, h100) is None
+    assert "QKV_SPLIT=none" in K.check_config({"ATTN": "sdpa", "QKV_SPLIT": "fused"}, seed,
+                                              h100)
+    # The softmax kernel's tiles do not apply to sdpa, so they cannot prune it.
+    assert K.check_config({"ATTN": "sdpa", "QKV_SPLIT": "none", "SOFTMAX_ROWS": 4,
+                           "SOFTMAX_WARPS": 1}, seed, h100) is None
 
 
 def test_split_head_pruning():
@@ -169,6 +182,7 @@ def test_partial_tiles(shape, config, device):
     {"ATTN": "flash", "QKV_SPLIT": "none"},
     {"ATTN": "flash", "QKV_SPLIT": "fused", "FLASH_BLOCK_M": 128, "FLASH_BLOCK_N": 32},
     {"ATTN": "fused_softmax", "QKV_SPLIT": "torch"},
+    {"ATTN": "sdpa", "QKV_SPLIT": "none"},
 ], ids=str)
 def test_causal_mask(config, device):
     """Changing token t must leave every output before t unchanged (and change t's)."""
@@ -241,7 +255,7 @@ def test_pruning():
     h100, shape = spec_for_key("H100"), K.shapes["kernelbench-b32"]
     assert "needs ATTN=flash" in K.check_config(
         {"QKV_SPLIT": "none", "ATTN": "fused_softmax"}, shape, h100)
-    assert "one of" in K.check_config({"ATTN": "sdpa"}, shape, h100)
+    assert "one of" in K.check_config({"ATTN": "xformers"}, shape, h100)
     assert "power of two" in K.check_config({"EW_BLOCK": 1000}, shape, h100)
     # fp32 tiles of 128 x 128 x (hd 96 -> 128) do not fit in shared memory; fp16 ones do.
     big = {"ATTN": "flash", "FLASH_BLOCK_M": 128, "FLASH_BLOCK_N": 128, "FLASH_WARPS": 8,
@@ -295,6 +309,10 @@ GPU_CONFIGS = [
      "FLASH_BLOCK_M": 64, "FLASH_BLOCK_N": 128, "FLASH_WARPS": 4},
     {"PRECISION": "fp16", "ATTN": "fused_softmax", "QKV_SPLIT": "fused", "SOFTMAX_ROWS": 2,
      "SOFTMAX_WARPS": 2, "FUSE_GELU": 0, "FUSE_RESIDUAL": 0},
+    # The vendor library's attention (cuDNN / FlashAttention), fp16 and fp32.
+    {"PRECISION": "fp16", "ATTN": "sdpa", "QKV_SPLIT": "none", "FUSE_GELU": 2,
+     "FUSE_RESIDUAL": 1},
+    {"PRECISION": "fp32", "ATTN": "sdpa", "QKV_SPLIT": "none"},
     # The residual as the last GEMM's C operand, fp16 and fp32.
     {"PRECISION": "fp16", "ATTN": "flash", "QKV_SPLIT": "none", "FUSE_GELU": 2,
      "FUSE_RESIDUAL": 2, "FLASH_SPLIT_D": 1},
