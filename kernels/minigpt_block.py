@@ -477,9 +477,8 @@ class MiniGPTBlock(Kernel):
             return "FLASH_BLOCK_M and FLASH_BLOCK_N must be >= 16 (tl.dot)"
         if int(cfg["FLASH_STAGES"]) < 1:
             return f"FLASH_STAGES={cfg['FLASH_STAGES']} must be >= 1"
-        if int(cfg["FLASH_SPLIT_D"]) and cfg["ATTN"] != "flash":
-            return "FLASH_SPLIT_D=1 is an option of ATTN=flash"
-        if int(cfg["FLASH_SPLIT_D"]) and _head_split(C // H) is None:
+        # Like every FLASH_* value, FLASH_SPLIT_D is ignored by the other attentions.
+        if cfg["ATTN"] == "flash" and int(cfg["FLASH_SPLIT_D"]) and _head_split(C // H) is None:
             return (f"FLASH_SPLIT_D=1: head dim {C // H} is not the sum of two powers of "
                     "two >= 16")
         if device.interpreted:

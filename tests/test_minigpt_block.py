@@ -134,8 +134,10 @@ def test_split_head_pruning():
     seed = K.shapes["kernelbench-b32"]  # hd 96 = 64 + 32
     flash = {"ATTN": "flash", "QKV_SPLIT": "none", "PRECISION": "fp16", "FLASH_SPLIT_D": 1}
     assert K.check_config(flash, seed, h100) is None
-    assert "option of ATTN=flash" in K.check_config(
-        {**flash, "ATTN": "fused_softmax", "QKV_SPLIT": "torch"}, seed, h100)
+    # Ignored (not pruned) by the other attentions, as the other FLASH_* values are.
+    assert K.check_config({**flash, "ATTN": "fused_softmax", "QKV_SPLIT": "torch"}, seed,
+                          h100) is None
+    assert K.check_config({**flash, "ATTN": "sdpa"}, {**seed, "C": 48, "H": 2}, h100) is None
     for hd in (24, 64, 112):  # 16 + 8; a power of two; 64 + 48
         shape = {**seed, "C": hd * 2, "H": 2}
         assert "sum of two powers of two" in K.check_config(flash, shape, CPU)
