@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device session 7 (#6). Phases (PHASES), each optional:
 #   tests    GPU tests: GPU_TESTS="files" GPU_K="-k expression"
+#   bench    the full `kharness bench` (every case, the cost sections), ROUNDS rounds
 #   ggbench  `kharness bench --kernel grouped_gemm` alone (the pack as it is)
 #   gg       the grouped GEMM TMA grid (configs/grouped_gemm_tma_grid.yaml, exhaustive,
 #            freezes packs/<GPU>/grouped_gemm.json), then `kharness bench --kernel
@@ -31,6 +32,10 @@ if has gg; then
   [ -f runs/grouped-gemm-tma-grid/optuna.db ] && gzip -c runs/grouped-gemm-tma-grid/optuna.db > $log.optuna.db.gz
   timeout ${BENCH_S:-200} python3 -m harness bench --kernel grouped_gemm --no-cost --rounds ${ROUNDS:-5} --out $R/results > $R/logs/gg_bench.log 2>&1
   echo "gg bench rc=$? t=$(el)"; cat $R/results/*/bench.md 2>/dev/null | grep -A12 "## grouped_gemm"
+fi
+if has bench; then  # every case of benchmarks/cases.yaml with the committed packs, and the cost sections
+  timeout ${FULL_S:-560} python3 -m harness bench --rounds ${ROUNDS:-3} --budget-s ${FULL_BUDGET_S:-480} --out $R/results > $R/logs/bench.log 2>&1
+  echo "bench rc=$? t=$(el)"; tail -4 $R/logs/bench.log
 fi
 if has ggbench; then
   timeout ${BENCH_S:-200} python3 -m harness bench --kernel grouped_gemm --no-cost --rounds ${ROUNDS:-5} --out $R/results > $R/logs/gg_bench.log 2>&1
