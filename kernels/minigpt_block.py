@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -165,6 +166,23 @@ class _ExactAccumulation:
             setattr(torch.backends.cuda.matmul, f, v)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """One Triton launch of the block, built once per config: run on the stream, or only
+    compiled (the fleet's compile-ahead, on meta tensors) or loaded."""
+
+    fn: Any
+    grid: tuple[int, ...]
+    args: tuple
+    meta: dict[str, Any]
+
+    def __call__(self) -> None:
+        self.fn[self.grid](*self.args, **self.meta)
+
+    def warmup(self) -> Any:
+        return self.fn.warmup(*self.args, grid=self.grid, **self.meta)
+
+
 class MiniGPTBlock(Kernel):
     """minGPT block: causal self-attention + NewGELU MLP, pre-LN, fp32 I/O."""
 
@@ -249,6 +267,25 @@ class MiniGPTBlock(Kernel):
         }
 
     def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+        return self._plan(inputs, shape, config)[0]
+
+    def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
+        """Compile every Triton kernel ``config`` launches, without running any (inputs
+        may be meta tensors): the fleet's compile-ahead hook."""
+        for launch in self._plan(inputs, shape, config)[1]:
+            launch.warmup()
+
+    def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
+        """Bring the config's Triton binaries into this process without launching."""
+        for launch in self._plan(inputs, shape, config)[1]:
+            init = getattr(launch.warmup(), "_init_handles", None)
+            if callable(init):
+                init()
+
+    def _plan(self, inputs: Inputs, shape: Shape,
+              config: Config) -> tuple[Callable[[], Any], list[_Launch]]:
+        """The block's forward for ``config`` (buffers allocated once) and the Triton
+        launches it makes, so that what is compiled ahead is exactly what runs."""
         cfg = {**self.default_config, **config}
         s = self.validate_shape(shape)
         B, T, C, H = s["B"], s["T"], s["C"], s["H"]
@@ -301,6 +338,35 @@ class MiniGPTBlock(Kernel):
         ln_grid = (triton.cdiv(BT, ln_rows),)
         ln_kw = {"ROWS": ln_rows, "BLOCK_C": _pow2(C), "num_warps": int(cfg["LN_WARPS"])}
         ew_block, ew_warps = int(cfg["EW_BLOCK"]), int(cfg["EW_WARPS"])
+        ln1 = _Launch(_layernorm_kernel, ln_grid,
+                      (x2d, x2d, ln1b, x2d, ln1b, ln1w, ln1b, h1, BT, C, _LN_EPS),
+                      {"FUSED_RES": False, "XO_BIAS": False, **ln_kw})
+        if fuse_res:
+            ln2 = _Launch(_layernorm_kernel, ln_grid,
+                          (x2d, a, bias["attn_proj"], x1, mlp_b32, ln2w, ln2b, h2, BT, C,
+                           _LN_EPS), {"FUSED_RES": True, "XO_BIAS": fuse_res == 2, **ln_kw})
+        else:
+            ln2 = _Launch(_layernorm_kernel, ln_grid,
+                          (x1, x1, ln2b, x1, ln2b, ln2w, ln2b, h2, BT, C, _LN_EPS),
+                          {"FUSED_RES": False, "XO_BIAS": False, **ln_kw})
+        launches = [ln1, ln2]
+        if fuse_gelu == 1:
+            gelu = _Launch(_bias_gelu_kernel, (triton.cdiv(f.numel(), ew_block),),
+                           (f, bias["c_fc"], f, f.numel(), 4 * C),
+                           {"BLOCK": ew_block, "num_warps": ew_warps})
+            launches.append(gelu)
+        if fuse_res == 1:
+            resid = _Launch(_bias_residual_kernel, (triton.cdiv(m.numel(), ew_block),),
+                            (m, bias["mlp_proj"], x1, out2d, m.numel(), C),
+                            {"BLOCK": ew_block, "num_warps": ew_warps})
+            launches.append(resid)
+        if split == "fused":
+            bt = int(cfg["SPLIT_BLOCK_T"])
+            qkv_split = _Launch(_qkv_split_kernel, (triton.cdiv(T, bt), B * H),
+                                (qkv, q, k, v, T, H, C),
+                                {"HD": hd, "BLOCK_T": bt, "BLOCK_D": _pow2(hd),
+                                 "num_warps": int(cfg["SPLIT_WARPS"])})
+            launches.append(qkv_split)
 
         def gelu_epilogue(h: torch.Tensor, out_: torch.Tensor) -> None:
             if dev.type == "cuda":
@@ -317,10 +383,7 @@ class MiniGPTBlock(Kernel):
                 k.copy_(qkv5[:, :, 1].permute(0, 2, 3, 1))
                 v.copy_(qkv5[:, :, 2].transpose(1, 2))
             elif split == "fused":
-                bt = int(cfg["SPLIT_BLOCK_T"])
-                _qkv_split_kernel[(triton.cdiv(T, bt), B * H)](
-                    qkv, q, k, v, T, H, C, HD=hd, BLOCK_T=bt, BLOCK_D=_pow2(hd),
-                    num_warps=int(cfg["SPLIT_WARPS"]))
+                qkv_split()
 
         if attn == "flash":
             bm, bn = int(cfg["FLASH_BLOCK_M"]), int(cfg["FLASH_BLOCK_N"])
@@ -337,6 +400,8 @@ class MiniGPTBlock(Kernel):
                 flash_kernel, flash_kw["D_A"] = _flash_attn_split_kernel, d_a
             else:
                 flash_kernel, flash_kw["BLOCK_D"] = _flash_attn_kernel, _head_block(hd)
+            flash = _Launch(flash_kernel, flash_grid, flash_args, flash_kw)
+            launches.append(flash)
         elif attn == "sdpa":
             # [B, H, T, hd] views of the c_attn output: no copy on the way in.
             q4, k4, v4 = (qkv5[:, :, i].transpose(1, 2) for i in range(3))
@@ -347,11 +412,14 @@ class MiniGPTBlock(Kernel):
             sm_grid = (triton.cdiv(B * H * T, rows),)
             sm_kw = {"ROWS": rows, "BLOCK_T": _pow2(T), "num_warps": int(cfg["SOFTMAX_WARPS"])}
             q3, k3, v3 = q.view(B * H, T, hd), k.view(B * H, hd, T), v.view(B * H, T, hd)
+            softmax = _Launch(_causal_softmax_kernel, sm_grid,
+                              (scores, B * H * T, T, qk_scale), sm_kw)
+            launches.append(softmax)
 
         def attention() -> torch.Tensor:
             """Attention's output as [B*T, C], head h at columns h*hd (c_proj's input)."""
             if attn == "flash":
-                flash_kernel[flash_grid](*flash_args, **flash_kw)
+                flash()
                 return y2d
             if attn == "sdpa":
                 y = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
@@ -359,34 +427,28 @@ class MiniGPTBlock(Kernel):
                 # so this reshape is free; otherwise it copies.
                 return y.transpose(1, 2).reshape(BT, C)
             torch.bmm(q3, k3, out=scores)
-            _causal_softmax_kernel[sm_grid](scores, B * H * T, T, qk_scale, **sm_kw)
+            softmax()
             torch.bmm(scores, v3, out=yh)
             y2d.view(B, T, H, hd).copy_(yh.view(B, H, T, hd).transpose(1, 2))
             return y2d
 
         def forward() -> torch.Tensor:
-            _layernorm_kernel[ln_grid](x2d, x2d, ln1b, x2d, ln1b, ln1w, ln1b, h1, BT, C,
-                                       _LN_EPS, FUSED_RES=False, XO_BIAS=False, **ln_kw)
+            ln1()
             torch.addmm(bias["c_attn"], h1, wt["c_attn"], out=qkv)
             split_qkv()
             y = attention()
             if fuse_res:
                 torch.mm(y, wt["attn_proj"], out=a)
-                _layernorm_kernel[ln_grid](x2d, a, bias["attn_proj"], x1, mlp_b32, ln2w, ln2b,
-                                           h2, BT, C, _LN_EPS, FUSED_RES=True,
-                                           XO_BIAS=fuse_res == 2, **ln_kw)
             else:
                 torch.addmm(bias["attn_proj"], y, wt["attn_proj"], out=a)
                 torch.add(x2d, a, out=x1)
-                _layernorm_kernel[ln_grid](x1, x1, ln2b, x1, ln2b, ln2w, ln2b, h2, BT, C,
-                                           _LN_EPS, FUSED_RES=False, XO_BIAS=False, **ln_kw)
+            ln2()
             if fuse_gelu == 2:
                 gelu_epilogue(h2, f)
                 g = f
             elif fuse_gelu:
                 torch.mm(h2, wt["c_fc"], out=f)
-                _bias_gelu_kernel[(triton.cdiv(f.numel(), ew_block),)](
-                    f, bias["c_fc"], f, f.numel(), 4 * C, BLOCK=ew_block, num_warps=ew_warps)
+                gelu()
                 g = f
             else:
                 torch.addmm(bias["c_fc"], h2, wt["c_fc"], out=f)
@@ -403,9 +465,7 @@ class MiniGPTBlock(Kernel):
                     torch.addmm(x1, g.float(), wt["mlp_proj"].float(), out=out2d)
             elif fuse_res:
                 torch.mm(g, wt["mlp_proj"], out=m)
-                _bias_residual_kernel[(triton.cdiv(m.numel(), ew_block),)](
-                    m, bias["mlp_proj"], x1, out2d, m.numel(), C, BLOCK=ew_block,
-                    num_warps=ew_warps)
+                resid()
             else:
                 torch.addmm(bias["mlp_proj"], g, wt["mlp_proj"], out=m)
                 torch.add(x1, m, out=out2d)
@@ -415,7 +475,7 @@ class MiniGPTBlock(Kernel):
             with _ExactAccumulation():
                 return forward()
 
-        return run
+        return run, launches
 
     # -- cost model -------------------------------------------------------------------
     def flops(self, shape: Shape) -> float:

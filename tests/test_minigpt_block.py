@@ -118,6 +118,32 @@ def test_residual_as_gemm_operand_matches_separate_pass(precision, device):
     assert a.dtype == torch.float32 and a.shape == b.shape
 
 
+@pytest.mark.parametrize("config", _structural_cases(), ids=str)
+def test_planned_launches_are_the_launched_ones(config, device, monkeypatch):
+    """compile_only compiles the plan's Triton launches: every Triton kernel the forward
+    runs must be in the plan (else its first call compiles on the GPU), and every planned
+    one must run (else compile-ahead wastes work)."""
+    from harness.fleet import materialise, skeleton
+    from kernels import minigpt_block as mb
+
+    shape = SPLIT_TEST if config.get("FLASH_SPLIT_D") else TEST
+    cfg = {**FAST, **config}
+    inputs, _ = _problem(tuple(sorted(shape.items())), 0, device)
+    run, plan = K._plan(inputs, shape, cfg)
+    ran: list[int] = []
+    real_call = mb._Launch.__call__
+    monkeypatch.setattr(mb._Launch, "__call__", lambda self: (ran.append(id(self)),
+                                                              real_call(self)))
+    run()
+    assert sorted(ran) == sorted(id(x) for x in plan) and len(set(ran)) == len(ran)
+    # The plan builds on meta tensors too (what the compile children get), same kernels.
+    meta = materialise(skeleton(inputs))
+    _, meta_plan = K._plan(meta, shape, cfg)
+    assert [x.fn for x in meta_plan] == [x.fn for x in plan]
+    assert [x.grid for x in meta_plan] == [x.grid for x in plan]
+    assert [x.meta for x in meta_plan] == [x.meta for x in plan]
+
+
 def test_sdpa_pruning():
     h100 = spec_for_key("H100")
     seed = K.shapes["kernelbench-b32"]
@@ -343,6 +369,46 @@ def test_gpu_kernelbench_b32(config, device):
     assert res["ok"], (config, res)
     if {**K.default_config, **config}["PRECISION"] == "fp32":
         assert res["max_abs_err"] <= 1e-3, res  # the write-up's bound, met by fp32
+
+
+# Tiles no other test uses, so that no kernel of these is in this process's memory yet.
+AHEAD_CONFIGS = [
+    {"PRECISION": "fp16", "ATTN": "flash", "QKV_SPLIT": "fused", "FUSE_GELU": 1,
+     "FUSE_RESIDUAL": 1, "FLASH_SPLIT_D": 1, "FLASH_BLOCK_M": 128, "FLASH_BLOCK_N": 32,
+     "FLASH_WARPS": 4, "FLASH_STAGES": 3, "LN_ROWS": 2, "LN_WARPS": 8, "EW_BLOCK": 512,
+     "EW_WARPS": 4, "SPLIT_BLOCK_T": 32, "SPLIT_WARPS": 2},
+    {"PRECISION": "fp32", "ATTN": "fused_softmax", "QKV_SPLIT": "torch", "FUSE_GELU": 0,
+     "FUSE_RESIDUAL": 2, "SOFTMAX_ROWS": 4, "SOFTMAX_WARPS": 8, "LN_ROWS": 1,
+     "LN_WARPS": 8},
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", AHEAD_CONFIGS, ids=str)
+def test_gpu_compile_ahead_leaves_nothing_to_compile(config, device, tmp_path, monkeypatch):
+    """compile_only on meta tensors (as the fleet's compile children run it) compiles
+    every Triton kernel of the config; the first launch on real inputs then compiles
+    nothing (a mismatch of specialisation between meta and real inputs would)."""
+    from harness.fleet import materialise, skeleton
+    from harness.hardware import current_device
+    from harness.measure import CompileWatch
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # nothing on disk either
+    shape = K.shapes["kernelbench-b32"]
+    assert K.check_config(config, shape, current_device()) is None
+    inputs, _ = _problem(tuple(sorted(shape.items())), 0, device)
+    ahead = CompileWatch()
+    with ahead:
+        K.compile_only(materialise(skeleton(inputs)), shape, config)
+    plan = K._plan(inputs, shape, config)[1]
+    kernels = {(id(x.fn), tuple(sorted(x.meta.items()))) for x in plan}
+    assert ahead.active and ahead.compiled == len(kernels) >= 3
+    first = CompileWatch()
+    with first:
+        K.launcher(inputs, shape, config)()
+        torch.cuda.synchronize()
+    assert first.compiled == 0, first.__dict__
+    K.load_only(inputs, shape, config)
 
 
 @pytest.mark.gpu
