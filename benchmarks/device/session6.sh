@@ -7,7 +7,7 @@
 #            run C (bf16 again) leases it with everything compiled and loaded.
 #   grid     the 216-config bf16 matmul grid at 8192^3, standalone, GRID_RUNS times, each
 #            from an empty Triton cache (fraction, wall, winner across runs)
-# Everything lands in $OUT/all.tar.gz.
+# Everything lands in $OUT/${ARCHIVE:-all}.tar.gz.
 DEFAULT_PHASES=grid
 source "$(dirname "$0")/common.sh"
 winner() { python3 -c "import json; d=json.load(open('$1')); r=d['rows'][0]; print('   winner', r['params'], r.get('winner_reason'), 'remeasured', r.get('remeasured_ms'), 'spread', r.get('remeasure_spread'), 'reused', d.get('workers_reused'), 'first_calls', d.get('first_calls'))" 2>/dev/null; }
@@ -44,5 +44,5 @@ if has grid; then
   done
 fi
 cp -r packs $R/ 2>/dev/null
-tar -czf $OUT/all.tar.gz -C $OUT r && rm -rf $R
+tar -czf $OUT/${ARCHIVE:-all}.tar.gz -C $OUT r && rm -rf $R
 echo "done t=$(el)"

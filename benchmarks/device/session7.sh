@@ -10,7 +10,7 @@
 #   mgprof   where the MiniGPT block's time goes (pack config vs torch.compile fp16+SDPA)
 #   mg       MiniGPT tuning: MG_EXP="configs/zoo/minigpt_block.yaml:trials ...", then bench
 #   msweep   the grouped GEMM M sweep (benchmarks/grouped_gemm_sweep.py)
-# Everything lands in $OUT/all.tar.gz.
+# Everything lands in $OUT/${ARCHIVE:-all}.tar.gz.
 DEFAULT_PHASES="tests gg mgprof"
 source "$(dirname "$0")/common.sh"
 # The GPU's clocks, power and throttle reasons every 250 ms, for the drift seen in timings.
@@ -65,5 +65,5 @@ if has msweep; then
 fi
 kill $CLOCKS 2>/dev/null
 cp -r packs $R/ 2>/dev/null
-tar -czf $OUT/all.tar.gz -C $OUT r && rm -rf $R
+tar -czf $OUT/${ARCHIVE:-all}.tar.gz -C $OUT r && rm -rf $R
 echo "done t=$(el)"
