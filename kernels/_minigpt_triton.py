@@ -91,6 +91,16 @@ def _causal_softmax_kernel(s_ptr, n_rows, T, qk_scale,
 
 
 @triton.jit
+def _mm(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b; IEEE: true fp32 products (the fp32 path), else the operands' own."""
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def _flash_inner(acc, m_i, l_i, q, k_base, v_base, skt, skd, svt, offs_m, offs_n0, offs_d,
                  d_ok, lo, hi, T, qk_scale,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr):
@@ -108,25 +118,40 @@ def _flash_inner(acc, m_i, l_i, q, k_base, v_base, skt, skd, svt, offs_m, offs_n
                         mask=d_ok[:, None], other=0.0)
             v = tl.load(v_base + offs_n[:, None] * svt + offs_d[None, :],
                         mask=d_ok[None, :], other=0.0)
-        if IEEE:
-            s = tl.dot(q, k, input_precision="ieee")
-        else:
-            s = tl.dot(q, k)
-        s = s * qk_scale
-        if MASKED:
-            # Key 0 is in every row's first block, so no row max stays -inf.
-            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        if IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+        s = _mm(q, k, tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), IEEE) * qk_scale
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, offs_m, offs_n, MASKED)
+        acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
     return acc, m_i, l_i
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i, offs_m, offs_n, MASKED: tl.constexpr):
+    """One online-softmax update with the scaled scores ``s`` of a key block: the block's
+    probabilities, the factor that rescales what was accumulated, the new row max and
+    row sum."""
+    if MASKED:
+        # Key 0 is in every row's first block, so no row max stays -inf.
+        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _flash_program(H, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's (batch, head, query rows) and the key range [0, n_free) that needs
+    no causal mask, then [n_free, n_end) that does. Grid: (T blocks, B*H); the heaviest
+    query blocks (the most keys under the causal mask) run first: less tail."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_lo = pid_m * BLOCK_M
+    n_free = (q_lo // BLOCK_N) * BLOCK_N
+    n_end = tl.minimum(q_lo + BLOCK_M, T)
+    return b, h, offs_m, n_free, n_end
 
 
 @triton.jit
@@ -144,12 +169,7 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, y_ptr,
     nothing to q.k and the padded output columns are not stored. y is [B*T, C] row-major
     with head h at columns h*HD, the layout c_proj consumes. Grid: (T blocks, B*H).
     """
-    # Heaviest query blocks (the most keys under the causal mask) first: less tail.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b, h, offs_m, n_free, n_end = _flash_program(H, T, BLOCK_M, BLOCK_N)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HD
@@ -164,9 +184,6 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, y_ptr,
 
     # Key blocks wholly before this query block need neither the causal mask nor the
     # T bound; the rest, up to the block's last query, are masked.
-    q_lo = pid_m * BLOCK_M
-    n_free = (q_lo // BLOCK_N) * BLOCK_N
-    n_end = tl.minimum(q_lo + BLOCK_M, T)
     acc, m_i, l_i = _flash_inner(acc, m_i, l_i, q, k_base, v_base, skt, skd, svt, offs_m,
                                  offs_n0, offs_d, d_ok, 0, n_free, T, qk_scale,
                                  BLOCK_N, False, IEEE)
@@ -178,16 +195,6 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, y_ptr,
     y_ptrs = y_ptr + (b * T + offs_m).to(tl.int64)[:, None] * stride_y + h * HD + offs_d[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty),
              mask=(offs_m < T)[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _mm(a, b, acc, IEEE: tl.constexpr):
-    """acc + a @ b; IEEE: true fp32 products (the fp32 path), else the operands' own."""
-    if IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
 
 
 @triton.jit
@@ -214,16 +221,10 @@ def _flash_inner_split(acc_a, acc_b, m_i, l_i, q_a, q_b, k_base, v_base, skt, sk
             v_b = tl.load(vb_ptrs)
         s = _mm(q_a, k_a, tl.zeros([q_a.shape[0], BLOCK_N], dtype=tl.float32), IEEE)
         s = _mm(q_b, k_b, s, IEEE) * qk_scale
-        if MASKED:
-            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, offs_m, offs_n, MASKED)
         p = p.to(v_a.dtype)
         acc_a = _mm(p, v_a, acc_a * alpha[:, None], IEEE)
         acc_b = _mm(p, v_b, acc_b * alpha[:, None], IEEE)
-        m_i = m_new
     return acc_a, acc_b, m_i, l_i
 
 
@@ -237,11 +238,7 @@ def _flash_attn_split_kernel(q_ptr, k_ptr, v_ptr, y_ptr,
     (HD = D_A + D_B, both >= 16; 96 = 64 + 32): q, k, v and the accumulator in two column
     parts, so no dot multiplies padding (padding 96 to 128 costs a third more work)."""
     D_B: tl.constexpr = HD - D_A
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b, h, offs_m, n_free, n_end = _flash_program(H, T, BLOCK_M, BLOCK_N)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_da = tl.arange(0, D_A)
     offs_db = D_A + tl.arange(0, D_B)
@@ -256,9 +253,6 @@ def _flash_attn_split_kernel(q_ptr, k_ptr, v_ptr, y_ptr,
     acc_a = tl.zeros([BLOCK_M, D_A], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_M, D_B], dtype=tl.float32)
 
-    q_lo = pid_m * BLOCK_M
-    n_free = (q_lo // BLOCK_N) * BLOCK_N
-    n_end = tl.minimum(q_lo + BLOCK_M, T)
     acc_a, acc_b, m_i, l_i = _flash_inner_split(
         acc_a, acc_b, m_i, l_i, q_a, q_b, k_base, v_base, skt, skd, svt, offs_m, offs_n0,
         offs_da, offs_db, 0, n_free, T, qk_scale, BLOCK_N, False, IEEE)
