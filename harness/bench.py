@@ -55,7 +55,8 @@ def _row(name: str, res: TrialResult, note: str = "") -> dict[str, Any]:
     return {"variant": name, "ok": res.ok, "reason": res.reason, "note": note,
             "p20_ms": res.p20_ms, "median_ms": res.latency_ms, "p80_ms": res.p80_ms,
             "tflops": res.tflops, "gbps": res.gbps, "roofline": res.roofline,
-            "max_abs_err": res.max_abs_err, "max_rel_err": res.max_rel_err}
+            "max_abs_err": res.max_abs_err, "max_rel_err": res.max_rel_err,
+            "sm_clock_mhz": res.extra.get("sm_clock_mhz"), "power_w": res.extra.get("power_w")}
 
 
 def _combine(results: list[TrialResult]) -> TrialResult:
@@ -197,7 +198,8 @@ def markdown(report: dict[str, Any]) -> str:
             rms = r.get("round_ms") or []
             note = "; ".join(x for x in (
                 r["note"],
-                f"{len(rms)} rounds {min(rms):.4g}-{max(rms):.4g}" if len(rms) > 1 else "")
+                f"{len(rms)} rounds {min(rms):.4g}-{max(rms):.4g}" if len(rms) > 1 else "",
+                f"SM {r['sm_clock_mhz']:.0f} MHz" if r.get("sm_clock_mhz") else "")
                 if x)
             lines.append(
                 f"| {r['variant']} | {_fmt(r['median_ms'], '.4g')} | "

@@ -139,6 +139,22 @@ def time_fn(fn: Callable[[], Any], timing: Timing) -> tuple[float, float, float,
     return float(p20), float(p50), float(p80), "triton.testing.do_bench (events, L2 flushed)"
 
 
+def gpu_state() -> dict[str, float]:
+    """The GPU's SM clock (MHz) and board power (W) now, through torch's NVML (or amdsmi)
+    binding; {} where that cannot be asked (no GPU, no ``nvidia-ml-py``). Sampled as a
+    timing ends: under a power cap the clock drops while a study runs, and a trial's
+    latency is only comparable with others timed at a similar clock."""
+    import torch
+
+    if hardware.interpreted() or not torch.cuda.is_available():
+        return {}
+    try:
+        return {"sm_clock_mhz": float(torch.cuda.clock_rate()),
+                "power_w": float(torch.cuda.power_draw()) / 1000.0}
+    except Exception:  # no NVML binding installed, or the driver refuses the query
+        return {}
+
+
 def _gpu() -> bool:
     import torch
 
@@ -296,13 +312,14 @@ class Measurer:
         t_timing = time.perf_counter()
         try:
             p20, p50, p80, timer = time_fn(fn, self.timing)
+            state = gpu_state()
         except Exception as exc:
             res = _failure(_classify(exc), exc)
             res.timing_s = time.perf_counter() - t_timing
             return res
         res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks)
         res.timing_s = time.perf_counter() - t_timing
-        res.extra.update(check_s=check_s, **first)
+        res.extra.update(check_s=check_s, **first, **state)
         return res
 
     def measure_eager(self, kernel: Kernel, shape: Shape, dtype: str, seed: int,
@@ -332,6 +349,7 @@ class Measurer:
             t_timing = time.perf_counter()
             p20, p50, p80, timer = time_fn(fn, self.timing)
             timing_s = time.perf_counter() - t_timing
+            state = gpu_state()
         except Exception as exc:
             return _failure(_classify(exc), exc)
         if "max_abs_err" not in acc:  # shape mismatch or NaN: still timed, error unknown
@@ -339,6 +357,7 @@ class Measurer:
                        frac_within_1e2=math.nan)
         res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, math.nan, peaks)
         res.extra["accuracy"] = acc.get("reason") or "within tolerance"
+        res.extra.update(state)
         res.timing_s = timing_s
         return res
 

@@ -27,6 +27,7 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 
 TRIAL_METRICS = ("latency_ms", "p20_ms", "p80_ms", "tflops", "gbps", "roofline",
                  "max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2", "compile_s")
+GPU_STATE_METRICS = ("sm_clock_mhz", "power_w")
 
 
 def tracking_uri(configured: str | None) -> str:
@@ -104,6 +105,8 @@ class Tracker:
             tags["harness.node_id"] = str(extra["node_id"])
         run_id = self.start_run(f"trial-{number}", tags, parent=study_run)
         metrics = {k: result.get(k) for k in TRIAL_METRICS}
+        # The GPU's clock and power as the timing ended (harness.measure.gpu_state).
+        metrics.update({k: extra[k] for k in GPU_STATE_METRICS if k in extra})
         metrics["failed"] = 0.0 if status == "measured" else 1.0
         self.log(run_id, params=config, metrics=metrics)
         self.client.set_terminated(run_id, "FINISHED" if status == "measured" else "FAILED")

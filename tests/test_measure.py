@@ -156,3 +156,35 @@ def test_fused_check_on_the_gpu_matches_torch_and_is_faster() -> None:
     t_torch = do_bench(lambda: accuracy.stats_torch(out, prep, tol).tolist(), rep=200)
     print(f"check of an 8192^2 bf16 output: fused {t_fused:.3f} ms, torch {t_torch:.3f} ms")
     assert t_fused < t_torch
+
+
+def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(tmp_path) -> None:
+    """No GPU (or the interpreter): nothing to sample. A trial result that carries the
+    GPU state has it logged as MLflow metrics of the trial's run (real sqlite store)."""
+    from harness.measure import gpu_state
+    from harness.track import Tracker
+
+    if not torch.cuda.is_available():
+        assert gpu_state() == {}
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "gpu-state")
+    study = tracker.start_run("study", {"harness.level": "study"})
+    result = {"latency_ms": 1.25, "extra": {"sm_clock_mhz": 1515.0, "power_w": 665.4,
+                                            "check_s": 0.1}}
+    run_id = tracker.log_trial(study, 3, {"BLOCK_M": 64}, result, "measured")
+    metrics = tracker.client.get_run(run_id).data.metrics
+    assert metrics["sm_clock_mhz"] == 1515.0 and metrics["power_w"] == 665.4
+    assert "check_s" not in metrics and metrics["latency_ms"] == 1.25
+
+
+@pytest.mark.gpu
+def test_gpu_state_reads_the_clock_and_power() -> None:
+    from harness.measure import gpu_state
+
+    try:
+        import pynvml  # noqa: F401  (nvidia-ml-py, of the tune extra)
+    except ImportError:
+        pytest.skip("nvidia-ml-py is not installed here")
+    torch.cuda.init()
+    state = gpu_state()
+    assert 100 <= state["sm_clock_mhz"] <= 5000, state
+    assert 5 <= state["power_w"] <= 2000, state
