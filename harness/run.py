@@ -30,7 +30,7 @@ from harness.kernel_api import DeviceSpec
 from harness.measure import Timing, TrialResult
 from harness.packs import format as packfmt
 from harness.search import ATTR_RESULT, ATTR_STATUS, Search, make_storage, storage_url
-from harness.track import TRIAL_METRICS, Tracker, git_sha
+from harness.track import Tracker, git_sha, trial_metrics
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +187,7 @@ def _log_trial(tracker: Tracker, trial_log: Path, st: StudyState, number: int,
         _append(trial_log, {**key, "run": run_id})
     else:
         tracker.start_run(f"trial-{number}", {}, resume=run_id)
-    metrics = {k: result.get(k) for k in TRIAL_METRICS}
-    metrics["failed"] = 1.0 if status == "failed" else 0.0
-    tracker.log(run_id, params=config, metrics=metrics)
+    tracker.log(run_id, params=config, metrics=trial_metrics(result, status))
     tracker.finish(run_id, ok=status != "failed")
     if status == "measured":
         tracker.log(st.run_id, metrics={"trial_latency_ms": result.get("latency_ms")},

@@ -30,6 +30,16 @@ TRIAL_METRICS = ("latency_ms", "p20_ms", "p80_ms", "tflops", "gbps", "roofline",
 GPU_STATE_METRICS = ("sm_clock_mhz", "power_w")
 
 
+def trial_metrics(result: Mapping[str, Any], status: str) -> dict[str, Any]:
+    """A trial run's metrics: the measurement, the GPU's clock and power as its timing
+    ended (``harness.measure.gpu_state``, where it could be read) and ``failed``."""
+    extra = result.get("extra") or {}
+    metrics = {k: result.get(k) for k in TRIAL_METRICS}
+    metrics.update({k: extra[k] for k in GPU_STATE_METRICS if k in extra})
+    metrics["failed"] = 1.0 if status == "failed" else 0.0
+    return metrics
+
+
 def tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
@@ -104,11 +114,7 @@ class Tracker:
         if extra.get("node_id"):
             tags["harness.node_id"] = str(extra["node_id"])
         run_id = self.start_run(f"trial-{number}", tags, parent=study_run)
-        metrics = {k: result.get(k) for k in TRIAL_METRICS}
-        # The GPU's clock and power as the timing ended (harness.measure.gpu_state).
-        metrics.update({k: extra[k] for k in GPU_STATE_METRICS if k in extra})
-        metrics["failed"] = 0.0 if status == "measured" else 1.0
-        self.log(run_id, params=config, metrics=metrics)
+        self.log(run_id, params=config, metrics=trial_metrics(result, status))
         self.client.set_terminated(run_id, "FINISHED" if status == "measured" else "FAILED")
         if status == "measured":
             self.log(study_run, metrics={"trial_latency_ms": result.get("latency_ms")},

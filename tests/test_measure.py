@@ -174,6 +174,12 @@ def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(tmp_path) -> None:
     metrics = tracker.client.get_run(run_id).data.metrics
     assert metrics["sm_clock_mhz"] == 1515.0 and metrics["power_w"] == 665.4
     assert "check_s" not in metrics and metrics["latency_ms"] == 1.25
+    # The run's own trial logging (harness.run) builds its metrics the same way.
+    from harness.track import trial_metrics
+
+    assert trial_metrics(result, "measured")["sm_clock_mhz"] == 1515.0
+    assert trial_metrics({"reason": "x"}, "failed") == {
+        **{k: None for k in trial_metrics({}, "measured") if k != "failed"}, "failed": 1.0}
 
 
 @pytest.mark.gpu
