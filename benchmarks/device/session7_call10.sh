@@ -23,4 +23,5 @@ if pts:
 PY
 cat $R/grid216_clocks.txt
 timeout 120 python3 -m harness bench --kernel grouped_gemm --no-cost --rounds 3 --out $R/results > $R/gg_bench.log 2>&1; echo "bench rc=$?"
-grep -A10 "| variant" $R/results/*/bench.md
+cp $R/results/*/bench.md $R/gg_bench.md; cp $R/results/*/bench.json $R/gg_bench.json; rm -rf $R/results
+grep -A10 "| variant" $R/gg_bench.md
