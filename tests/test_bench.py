@@ -110,3 +110,18 @@ def test_combine_takes_the_median_round_and_keeps_failures() -> None:
     got = bench._combine([ok(1.0), bad, ok(2.0)])
     assert not got.ok and got.reason == "runtime error: boom"
     assert got.extra["round_ms"] == [1.0, 2.0]
+
+
+def test_torch_compile_baseline_is_compiled_once_and_timed_every_round() -> None:
+    """The torch.compile row on the CPU (inductor's C++ backend): compiled before the
+    rounds, then timed in each round like the others, with its compile time noted."""
+    from harness.measure import Measurer, Timing
+
+    case = bench.Case("rmsnorm", "test", "fp32", compile=True)
+    got = bench.bench_case(case, Measurer(Timing()), {}, "cpu", rounds=2)
+    rows = {r["variant"]: r for r in got["rows"]}
+    tc = rows["torch.compile"]
+    assert tc["ok"], tc
+    assert tc["note"].startswith("compiled in ") and len(tc["round_ms"]) == 2
+    assert tc["max_abs_err"] < 1e-4
+    assert [len(r["round_ms"]) for r in got["rows"]] == [2] * len(got["rows"])
