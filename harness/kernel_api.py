@@ -167,6 +167,34 @@ class Kernel(ABC):
         return {d: int(shape[d]) for d in self.dims}
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One Triton launch of a config, built once: run it, or only compile it (inputs may
+    be meta tensors: the fleet's compile-ahead), or only load its binary into this
+    process. A family that launches several kernels per config keeps a list of these, so
+    that what is compiled ahead is exactly what its forward runs."""
+
+    fn: Any  # the @triton.jit function
+    grid: tuple[int, ...]
+    args: tuple
+    meta: dict[str, Any]
+
+    def __call__(self) -> None:
+        self.fn[self.grid](*self.args, **self.meta)
+
+    def warmup(self) -> Any:
+        """Compile without running (``JITFunction.warmup``); the compiled kernel."""
+        return self.fn.warmup(*self.args, grid=self.grid, **self.meta)
+
+    def load(self) -> None:
+        """Bring the binary into this process as its first launch would (Triton's
+        in-memory cache, the GPU module and the launcher), without launching: on the real
+        inputs, so that the launch finds it under the same key."""
+        init = getattr(self.warmup(), "_init_handles", None)  # lazy until the first launch
+        if callable(init):
+            init()
+
+
 class SingleLaunch:
     """Mix-in for a family whose config is one Triton launch. The family defines
     ``_launch(inputs, config) -> (jit_fn, grid, args, meta, out)`` once; the launcher and
@@ -175,6 +203,10 @@ class SingleLaunch:
 
     def _launch(self, inputs: Inputs, config: Config) -> tuple[Any, tuple, tuple, dict, Any]:
         raise NotImplementedError
+
+    def _one(self, inputs: Inputs, config: Config) -> tuple[Launch, Any]:
+        jit_fn, grid, args, meta, out = self._launch(inputs, config)
+        return Launch(jit_fn, grid, args, meta), out
 
     def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
         jit_fn, grid, args, meta, out = self._launch(inputs, config)
@@ -189,18 +221,11 @@ class SingleLaunch:
     def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
         """Compile ``config`` as the launcher would launch it, without running it. The
         inputs may be meta tensors: nothing is allocated or launched."""
-        jit_fn, grid, args, meta, _ = self._launch(inputs, config)
-        jit_fn.warmup(*args, grid=grid, **meta)
+        self._one(inputs, config)[0].warmup()
 
     def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
-        """Bring ``config``'s binary into this process as its first launch would (Triton's
-        in-memory kernel cache, the GPU module and the launcher), without launching: on
-        the real inputs, so that the launch finds it under the same key."""
-        jit_fn, grid, args, meta, _ = self._launch(inputs, config)
-        kernel = jit_fn.warmup(*args, grid=grid, **meta)
-        init = getattr(kernel, "_init_handles", None)  # lazy until the first launch
-        if callable(init):
-            init()
+        """Bring ``config``'s binary into this process without launching (``Launch.load``)."""
+        self._one(inputs, config)[0].load()
 
 
 def resolve(name_or_path: str) -> type[Kernel]:

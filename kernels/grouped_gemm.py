@@ -428,7 +428,14 @@ class GroupedGemm(SingleLaunch, Kernel):
         router), and each expert is unused with probability 1/16, so empty experts occur;
         then the M rows are drawn from that distribution."""
         s = self.validate_shape(shape)
-        M, N, K, E = s["M"], s["N"], s["K"], s["E"]
+        counts = self.routing_counts(s, seed)
+        # A different seed stream for the data, so the data does not depend on routing.
+        return make_grouped_inputs(counts, s["N"], s["K"], dtype, seed + 7919, device)
+
+    @staticmethod
+    def routing_counts(shape: Shape, seed: int) -> list[int]:
+        """The rows each expert gets in ``make_inputs`` (see there), without the data."""
+        M, E = int(shape["M"]), int(shape["E"])
         g = torch.Generator(device="cpu").manual_seed(seed)
         probs = torch.exp(0.5 * torch.randn(E, generator=g))
         unused = torch.rand(E, generator=g) < 1 / 16
@@ -440,8 +447,7 @@ class GroupedGemm(SingleLaunch, Kernel):
             counts = torch.bincount(picks, minlength=E).tolist()
         else:
             counts = [0] * E
-        # A different seed stream for the data, so the data does not depend on routing.
-        return make_grouped_inputs(counts, N, K, dtype, seed + 7919, device)
+        return counts
 
     def reference(self, inputs: Inputs, shape: Shape) -> torch.Tensor:
         a, w, offs = inputs["a"], inputs["w"], inputs["offsets_host"]

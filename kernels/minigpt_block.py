@@ -46,14 +46,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 import triton
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Launch, Shape, Tolerance
 from kernels._minigpt_triton import (
     _bias_gelu_kernel,
     _bias_residual_kernel,
@@ -166,23 +165,6 @@ class _ExactAccumulation:
             setattr(torch.backends.cuda.matmul, f, v)
 
 
-@dataclass(frozen=True)
-class _Launch:
-    """One Triton launch of the block, built once per config: run on the stream, or only
-    compiled (the fleet's compile-ahead, on meta tensors) or loaded."""
-
-    fn: Any
-    grid: tuple[int, ...]
-    args: tuple
-    meta: dict[str, Any]
-
-    def __call__(self) -> None:
-        self.fn[self.grid](*self.args, **self.meta)
-
-    def warmup(self) -> Any:
-        return self.fn.warmup(*self.args, grid=self.grid, **self.meta)
-
-
 class MiniGPTBlock(Kernel):
     """minGPT block: causal self-attention + NewGELU MLP, pre-LN, fp32 I/O."""
 
@@ -278,12 +260,10 @@ class MiniGPTBlock(Kernel):
     def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
         """Bring the config's Triton binaries into this process without launching."""
         for launch in self._plan(inputs, shape, config)[1]:
-            init = getattr(launch.warmup(), "_init_handles", None)
-            if callable(init):
-                init()
+            launch.load()
 
     def _plan(self, inputs: Inputs, shape: Shape,
-              config: Config) -> tuple[Callable[[], Any], list[_Launch]]:
+              config: Config) -> tuple[Callable[[], Any], list[Launch]]:
         """The block's forward for ``config`` (buffers allocated once) and the Triton
         launches it makes, so that what is compiled ahead is exactly what runs."""
         cfg = {**self.default_config, **config}
@@ -338,31 +318,31 @@ class MiniGPTBlock(Kernel):
         ln_grid = (triton.cdiv(BT, ln_rows),)
         ln_kw = {"ROWS": ln_rows, "BLOCK_C": _pow2(C), "num_warps": int(cfg["LN_WARPS"])}
         ew_block, ew_warps = int(cfg["EW_BLOCK"]), int(cfg["EW_WARPS"])
-        ln1 = _Launch(_layernorm_kernel, ln_grid,
+        ln1 = Launch(_layernorm_kernel, ln_grid,
                       (x2d, x2d, ln1b, x2d, ln1b, ln1w, ln1b, h1, BT, C, _LN_EPS),
                       {"FUSED_RES": False, "XO_BIAS": False, **ln_kw})
         if fuse_res:
-            ln2 = _Launch(_layernorm_kernel, ln_grid,
+            ln2 = Launch(_layernorm_kernel, ln_grid,
                           (x2d, a, bias["attn_proj"], x1, mlp_b32, ln2w, ln2b, h2, BT, C,
                            _LN_EPS), {"FUSED_RES": True, "XO_BIAS": fuse_res == 2, **ln_kw})
         else:
-            ln2 = _Launch(_layernorm_kernel, ln_grid,
+            ln2 = Launch(_layernorm_kernel, ln_grid,
                           (x1, x1, ln2b, x1, ln2b, ln2w, ln2b, h2, BT, C, _LN_EPS),
                           {"FUSED_RES": False, "XO_BIAS": False, **ln_kw})
         launches = [ln1, ln2]
         if fuse_gelu == 1:
-            gelu = _Launch(_bias_gelu_kernel, (triton.cdiv(f.numel(), ew_block),),
+            gelu = Launch(_bias_gelu_kernel, (triton.cdiv(f.numel(), ew_block),),
                            (f, bias["c_fc"], f, f.numel(), 4 * C),
                            {"BLOCK": ew_block, "num_warps": ew_warps})
             launches.append(gelu)
         if fuse_res == 1:
-            resid = _Launch(_bias_residual_kernel, (triton.cdiv(m.numel(), ew_block),),
+            resid = Launch(_bias_residual_kernel, (triton.cdiv(m.numel(), ew_block),),
                             (m, bias["mlp_proj"], x1, out2d, m.numel(), C),
                             {"BLOCK": ew_block, "num_warps": ew_warps})
             launches.append(resid)
         if split == "fused":
             bt = int(cfg["SPLIT_BLOCK_T"])
-            qkv_split = _Launch(_qkv_split_kernel, (triton.cdiv(T, bt), B * H),
+            qkv_split = Launch(_qkv_split_kernel, (triton.cdiv(T, bt), B * H),
                                 (qkv, q, k, v, T, H, C),
                                 {"HD": hd, "BLOCK_T": bt, "BLOCK_D": _pow2(hd),
                                  "num_warps": int(cfg["SPLIT_WARPS"])})
@@ -400,7 +380,7 @@ class MiniGPTBlock(Kernel):
                 flash_kernel, flash_kw["D_A"] = _flash_attn_split_kernel, d_a
             else:
                 flash_kernel, flash_kw["BLOCK_D"] = _flash_attn_kernel, _head_block(hd)
-            flash = _Launch(flash_kernel, flash_grid, flash_args, flash_kw)
+            flash = Launch(flash_kernel, flash_grid, flash_args, flash_kw)
             launches.append(flash)
         elif attn == "sdpa":
             # [B, H, T, hd] views of the c_attn output: no copy on the way in.
@@ -412,7 +392,7 @@ class MiniGPTBlock(Kernel):
             sm_grid = (triton.cdiv(B * H * T, rows),)
             sm_kw = {"ROWS": rows, "BLOCK_T": _pow2(T), "num_warps": int(cfg["SOFTMAX_WARPS"])}
             q3, k3, v3 = q.view(B * H, T, hd), k.view(B * H, hd, T), v.view(B * H, T, hd)
-            softmax = _Launch(_causal_softmax_kernel, sm_grid,
+            softmax = Launch(_causal_softmax_kernel, sm_grid,
                               (scores, B * H * T, T, qk_scale), sm_kw)
             launches.append(softmax)
 
