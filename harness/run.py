@@ -325,8 +325,9 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     summary.mark("workers_ready")
     # Each GPU's first study's eager baseline goes out now: the GPU works on it while the
     # studies are set up below (MLflow runs, Optuna studies: about half a second).
+    specs = experiment.plan(exp, targets)  # the studies, on the hardware that started
     early: dict[str, Task] = {}
-    for spec in ([] if resume else experiment.plan(exp, targets)):
+    for spec in ([] if resume else specs):
         if spec.hardware not in early:
             early[spec.hardware] = Task(spec.hardware, "eager",
                                         (spec.kernel, spec.shape, spec.dtype, 0, False),
@@ -360,7 +361,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
                 tags={"harness.missing_hardware": ",".join(summary.missing_hardware) or "-"})
 
     studies: list[StudyState] = []
-    for spec in experiment.plan(exp, targets):
+    for spec in specs:
         worker = infos[spec.hardware][0]
         device = _device_from_info(worker)
         space = spaces.resolve([spaces.for_kernel(kernel_api.get(spec.kernel)), exp.search_space],
