@@ -5,9 +5,14 @@ MLflow, and ``import harness`` imports nothing at all: both load on first use.
 """
 
 import importlib
+import time
 from typing import Any
 
 __version__ = "0.1.0"
+
+#: When this package was first imported (time.monotonic()): for the command line, the
+#: process's start less the interpreter's own start-up, the origin of a run's wall time.
+IMPORTED_AT = time.monotonic()
 
 
 def __getattr__(name: str) -> Any:

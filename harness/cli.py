@@ -60,12 +60,14 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[bold red]error:[/] {exc}")
         return EXIT_BAD_INPUT
     _ray_auth_mode()
+    import harness
     from harness.fleet import NoHardwareError
     from harness.run import run
 
     try:
         summary = run(args.experiment, resume=args.resume, console=console,
-                      progress=not (args.quiet or args.json), overrides=args.set or ())
+                      progress=not (args.quiet or args.json), overrides=args.set or (),
+                      started_at=harness.IMPORTED_AT)
     except NoHardwareError as exc:
         console.print(f"[bold red]error:[/] {_redact(str(exc))}", markup=True)
         return EXIT_NO_HARDWARE

@@ -354,8 +354,12 @@ class Worker:
             compile_workers = _auto_compile_workers()
         self.pre: Precompiler | None = None
         warm: threading.Thread | None = None
+        starting: threading.Thread | None = None
         if gpu_ids and _gpu_device_nodes():
-            self._start_precompiler(int(compile_workers), True)
+            # On a thread: starting the pool waits for its forkserver to import torch and
+            # Triton (~4 s), which this process does too meanwhile rather than after it.
+            # The worker reports ready once both are done.
+            starting = self._start_precompiler(int(compile_workers), True, background=True)
             warm = threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True)
             warm.start()
         import torch
@@ -400,14 +404,25 @@ class Worker:
         self._last_call = time.monotonic()  # the lessee's last sign of life
         if keep_s > 0:
             threading.Thread(target=self._reaper, name="harness-reaper", daemon=True).start()
-        if warm is not None:
-            warm.join(timeout=60)
+        for thread in (warm, starting):
+            if thread is not None:
+                thread.join(timeout=60)
         threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
 
-    def _start_precompiler(self, processes: int, has_gpu: bool) -> None:
-        if self.pre is None and processes > 0 and precompile_enabled(has_gpu):
-            self.pre = Precompiler(processes)
+    def _start_precompiler(self, processes: int, has_gpu: bool,
+                           background: bool = False) -> threading.Thread | None:
+        """Create the compile pool (where compiling ahead is on) and start its children;
+        ``background``: on a thread, returned. Configs submitted meanwhile wait for it."""
+        if self.pre is not None or processes <= 0 or not precompile_enabled(has_gpu):
+            return None
+        self.pre = Precompiler(processes)
+        if not background:
             self.pre.start()
+            return None
+        thread = threading.Thread(target=self.pre.start, name="harness-compile-pool",
+                                  daemon=True)
+        thread.start()
+        return thread
 
     # -- the driver's interface ----------------------------------------------------------
     @ray.method(concurrency_group="control")

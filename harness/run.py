@@ -231,12 +231,16 @@ def _reconcile(st: StudyState, tracker: Tracker, trial_log: Path,
 
 
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
-        progress: bool = True, overrides: Sequence[str] = ()) -> Summary:
+        progress: bool = True, overrides: Sequence[str] = (),
+        started_at: float | None = None) -> Summary:
     """Run an experiment file end to end. Raises ExperimentError for a bad file and
-    NoHardwareError where none of its hardware is in the cluster."""
+    NoHardwareError where none of its hardware is in the cluster. ``started_at``
+    (time.monotonic()) is the origin of the wall time: the command line passes its
+    process's start, so that its imports count too; by default, this call."""
     console = console or Console(stderr=True)
     exp = experiment.load(path, overrides)  # validates all before anything is written
-    summary = Summary()
+    summary = Summary() if started_at is None else Summary(t0=started_at)
+    summary.mark("run_called")
     t_start = summary.t0
     # Importing MLflow and creating its tables takes seconds, importing the plotting
     # code too: done while Ray starts.

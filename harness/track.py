@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import mlflow
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
+# MLflow is imported where it is used (2-3 s): the run imports this module before it
+# starts Ray, and builds its Tracker on a thread while Ray starts.
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -63,6 +62,9 @@ class Tracker:
     """MLflow runs for one experiment invocation."""
 
     def __init__(self, uri: str | None, experiment: str):
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
         self.uri = tracking_uri(uri)
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(self.uri)
@@ -73,9 +75,11 @@ class Tracker:
     def _alive(self, run_id: str | None) -> bool:
         if not run_id:
             return False
+        from mlflow.exceptions import MlflowException
+
         try:
             return self.client.get_run(run_id).info.lifecycle_stage == "active"
-        except mlflow.exceptions.MlflowException:
+        except MlflowException:
             return False
 
     def start_run(self, name: str, tags: Mapping[str, str], parent: str | None = None,
@@ -94,6 +98,8 @@ class Tracker:
             metrics: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
             step: int = 0) -> None:
         import time
+
+        from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
         self.client.log_batch(
@@ -145,6 +151,8 @@ class Tracker:
 def read_runs(uri: str, parent_run_id: str) -> dict[str, Any]:
     """What the report shows from MLflow: the parent run and its study runs (metrics,
     tags, artifact paths). Raises MlflowException (or OSError) where it cannot be read."""
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
     parent = client.get_run(parent_run_id)
     studies = client.search_runs(
@@ -167,5 +175,7 @@ def read_runs(uri: str, parent_run_id: str) -> dict[str, Any]:
 
 def find_parent(uri: str, run_id: str) -> dict[str, str]:
     """The run's name and tags (to find the experiment of a parent run id)."""
+    from mlflow.tracking import MlflowClient
+
     run = MlflowClient(uri).get_run(run_id)
     return {"name": run.info.run_name or "", **dict(run.data.tags)}

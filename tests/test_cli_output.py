@@ -31,8 +31,9 @@ def fake_run(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     seen = {}
 
-    def run(path, resume=False, console=None, progress=True, overrides=()):
+    def run(path, resume=False, console=None, progress=True, overrides=(), started_at=None):
         seen["progress"], seen["overrides"] = progress, list(overrides)
+        seen["started_at"] = started_at
         logging.getLogger("harness.run").warning("connecting with key %s to %s", secret, URI)
         return Summary(rows=[dict(ROW)], packs=["packs/cpu/grouped_gemm.json"],
                        interpreted=True, parent_run_id="p123", tracking_uri=URI,
@@ -62,6 +63,9 @@ def test_default_output(fake_run, capsys):
     exp, secret, seen = fake_run
     rc, out, err = _main(capsys, "run", str(exp))
     assert rc == 0 and seen["progress"] is True
+    import harness
+
+    assert seen["started_at"] == harness.IMPORTED_AT  # the wall counts the imports too
     assert "Tuning summary" in out and "BLOCK_M=64 GROUP_M=4" in out and "1.234 ms" in out
     assert "2.50×" in out and "1.25×" in out and "42%" in out and "4/1/2" in out
     assert "pack: packs/cpu/grouped_gemm.json" in out
