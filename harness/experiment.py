@@ -47,7 +47,7 @@ class SearchSettings(_Strict):
                                       "relative to the output's largest magnitude")
     remeasure_top_k: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = Field(
         "auto", description="at the end of a study, re-measure its best k configs interleaved "
-        "and pick the winner by their median (0: off; auto: 3 on GPUs, off under the CPU "
+        "and pick the winner by their median (0: off; auto: 5 on GPUs, off under the CPU "
         "interpreter, whose timings mean nothing)")
     remeasure_rounds: int = Field(
         5, ge=1, le=20, description="re-measurements of each of them (five: a median that one "

@@ -343,6 +343,16 @@ class Worker:
 
     def __init__(self, hardware_key: str, timing: dict[str, float],
                  compile_workers: int | str = 0, keep_s: float = 0.0, version: str = ""):
+        t0 = time.monotonic()
+        # Where a worker's start-up goes, in seconds, by step (reported by ``info``).
+        self.startup_s: dict[str, float] = {}
+        tick = [t0]
+
+        def step(name: str) -> None:
+            now = time.monotonic()
+            self.startup_s[name] = round(now - tick[0], 2)
+            tick[0] = now
+
         ctx = ray.get_runtime_context()
         gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
         # The compile children start first, so that their start-up overlaps this
@@ -354,15 +364,14 @@ class Worker:
             compile_workers = _auto_compile_workers()
         self.pre: Precompiler | None = None
         warm: threading.Thread | None = None
-        starting: threading.Thread | None = None
         if gpu_ids and _gpu_device_nodes():
-            # On a thread: starting the pool waits for its forkserver to import torch and
-            # Triton (~4 s), which this process does too meanwhile rather than after it.
-            # The worker reports ready once both are done.
-            starting = self._start_precompiler(int(compile_workers), True, background=True)
+            self._start_precompiler(int(compile_workers), True)
+            step("compile_pool")
             warm = threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True)
             warm.start()
         import torch
+
+        step("import_torch")
 
         if not torch.cuda.is_available():
             # Before any kernel module is imported, so its @triton.jit is interpreted
@@ -371,6 +380,7 @@ class Worker:
         self._start_precompiler(int(compile_workers), torch.cuda.is_available())
         self.expected = hardware_key
         self.spec = hardware.current_device()
+        step("device")
         self.measurer = Measurer(Timing(**timing))
         self._peaks: dict[str, float] | None = None
         self.poisoned = ""  # why the device context cannot be trusted any more
@@ -404,25 +414,16 @@ class Worker:
         self._last_call = time.monotonic()  # the lessee's last sign of life
         if keep_s > 0:
             threading.Thread(target=self._reaper, name="harness-reaper", daemon=True).start()
-        for thread in (warm, starting):
-            if thread is not None:
-                thread.join(timeout=60)
+        if warm is not None:
+            warm.join(timeout=60)
+        step("accuracy_check_build")
+        self.startup_s["total_in_init"] = round(time.monotonic() - t0, 2)
         threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
 
-    def _start_precompiler(self, processes: int, has_gpu: bool,
-                           background: bool = False) -> threading.Thread | None:
-        """Create the compile pool (where compiling ahead is on) and start its children;
-        ``background``: on a thread, returned. Configs submitted meanwhile wait for it."""
-        if self.pre is not None or processes <= 0 or not precompile_enabled(has_gpu):
-            return None
-        self.pre = Precompiler(processes)
-        if not background:
+    def _start_precompiler(self, processes: int, has_gpu: bool) -> None:
+        if self.pre is None and processes > 0 and precompile_enabled(has_gpu):
+            self.pre = Precompiler(processes)
             self.pre.start()
-            return None
-        thread = threading.Thread(target=self.pre.start, name="harness-compile-pool",
-                                  daemon=True)
-        thread.start()
-        return thread
 
     # -- the driver's interface ----------------------------------------------------------
     @ray.method(concurrency_group="control")
@@ -443,6 +444,7 @@ class Worker:
             "torch": torch.__version__,
             "triton": triton.__version__,
             "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
+            "startup_s": dict(self.startup_s),
         }
 
     @ray.method(concurrency_group="control")
@@ -1049,6 +1051,13 @@ class Fleet:
             self._drop(slot, str(exc))
             return
         slot.info, slot.ready_at = info, time.monotonic()
+        # The driver's view: from creating the actor (or asking a kept one) to its info;
+        # what __init__ does not account for is Ray starting the process and loading it.
+        steps = dict(info.get("startup_s", {}))
+        steps["launch_to_ready"] = round(slot.ready_at - slot.created, 2)
+        if "total_in_init" in steps and not slot.kept:
+            steps["before_init"] = round(steps["launch_to_ready"] - steps["total_in_init"], 2)
+        slot.info["startup_s"] = steps
 
     def _drop(self, slot: _Slot, why: str) -> None:
         self._close(slot)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ray
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -33,6 +34,12 @@ from harness.search import ATTR_RESULT, ATTR_STATUS, Search, make_storage, stora
 from harness.track import Tracker, git_sha, trial_metrics
 
 log = logging.getLogger(__name__)
+
+#: ``search.remeasure_top_k: auto`` on GPUs. Five, not three: a config's search time is
+#: taken at the clock of its moment (an H200 at its power cap moves between ~1500 and
+#: 1980 MHz), and in one of four runs of the 8192^3 grid (2026-11-23, session 8) the config
+#: the other three chose was fifth by its search time, 16 % behind, and never re-measured.
+AUTO_TOP_K = 5
 
 
 @dataclass
@@ -71,6 +78,8 @@ class Summary:
     overhead: dict[str, float] = field(default_factory=dict)  # held seconds by phase
     first_calls: dict[str, int] = field(default_factory=dict)  # Fleet.first_calls
     timeline: dict[str, float] = field(default_factory=dict)  # wall seconds at each step
+    #: hardware key -> its first worker's start-up by step, seconds (Worker.startup_s)
+    worker_startup: dict[str, dict[str, float]] = field(default_factory=dict)
     t0: float = field(default_factory=time.monotonic, repr=False)
 
     def mark(self, step: str) -> None:
@@ -232,11 +241,14 @@ def _reconcile(st: StudyState, tracker: Tracker, trial_log: Path,
 
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
         progress: bool = True, overrides: Sequence[str] = (),
-        started_at: float | None = None) -> Summary:
+        started_at: float | None = None, stop_own_ray: bool = False) -> Summary:
     """Run an experiment file end to end. Raises ExperimentError for a bad file and
     NoHardwareError where none of its hardware is in the cluster. ``started_at``
     (time.monotonic()) is the origin of the wall time: the command line passes its
-    process's start, so that its imports count too; by default, this call."""
+    process's start, so that its imports count too; by default, this call.
+    ``stop_own_ray``: a Ray this run started is stopped once the search is done, while
+    MLflow catches up (the command line, whose process ends with the run); by default
+    it stays up for the caller's next run."""
     console = console or Console(stderr=True)
     exp = experiment.load(path, overrides)  # validates all before anything is written
     summary = Summary() if started_at is None else Summary(t0=started_at)
@@ -262,10 +274,21 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
                   queue_depth=fs.queue_depth, compile_workers=fs.compile_workers,
                   max_retries=fs.max_retries, start_timeout_s=fs.start_timeout_s,
                   keep_s=keep_s, version=_code_version(exp) if keep_s else "")
-    try:
-        _run(exp, path, resume, console, progress, fleet, summary, tracker_f)
-    finally:
+    stopping: list[threading.Thread] = []
+
+    def release() -> None:
         fleet.shutdown()
+        if stop_own_ray and where == "local" and not stopping:
+            # Stopping Ray's processes takes ~1.5 s: meanwhile the packs are frozen.
+            stopping.append(threading.Thread(target=ray.shutdown, name="harness-ray-stop"))
+            stopping[0].start()
+
+    try:
+        _run(exp, path, resume, console, progress, fleet, summary, tracker_f, release)
+    finally:
+        release()
+        for thread in stopping:
+            thread.join()
     summary.wall_s = time.monotonic() - t_start
     summary.mark("done")
     return summary
@@ -313,7 +336,8 @@ def _started(targets: list[str], fleet: Fleet, console: Console,
 
 
 def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Console,
-         progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future) -> None:
+         progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future,
+         release: Callable[[], None]) -> None:
     targets, available = _targets(exp, fleet, console, summary)
     fleet.launch({k: available[k] for k in targets})
     # MLflow and Optuna start up while the workers do (each takes seconds).
@@ -327,6 +351,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     summary.mark("tracking_ready")
     targets, infos = _started(targets, fleet, console, summary)
     summary.mark("workers_ready")
+    summary.worker_startup = {k: dict(v[0].get("startup_s", {})) for k, v in infos.items()}
     # Each GPU's first study's eager baseline goes out now: the GPU works on it while the
     # studies are set up below (MLflow runs, Optuna studies: about half a second).
     specs = experiment.plan(exp, targets)  # the studies, on the hardware that started
@@ -413,7 +438,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         _remeasure_top(exp, fleet, studies, console)
     finally:
         summary.mark("search_done")
-        fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
+        release()  # the GPUs go back now, not after MLflow has caught up
         bg.flush()
         bg.close()
         summary.mark("mlflow_caught_up")
@@ -577,7 +602,7 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
     k = exp.search.remeasure_top_k
     todo: dict[str, list[Task]] = {}
     for st in studies:
-        kk = (0 if st.device.interpreted else 3) if k == "auto" else int(k)
+        kk = (0 if st.device.interpreted else AUTO_TOP_K) if k == "auto" else int(k)
         top = st.search.top(kk) if kk > 1 else []
         if len(top) < 2:
             continue

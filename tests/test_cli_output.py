@@ -31,7 +31,8 @@ def fake_run(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     seen = {}
 
-    def run(path, resume=False, console=None, progress=True, overrides=(), started_at=None):
+    def run(path, resume=False, console=None, progress=True, overrides=(), started_at=None,
+            stop_own_ray=False):
         seen["progress"], seen["overrides"] = progress, list(overrides)
         seen["started_at"] = started_at
         logging.getLogger("harness.run").warning("connecting with key %s to %s", secret, URI)

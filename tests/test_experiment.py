@@ -73,6 +73,19 @@ def test_not_yaml_and_missing_file(tmp_path):
         experiment.load(tmp_path / "nope.yaml")
 
 
+def test_command_exits_2_through_its_fast_exit(tmp_path):
+    """``python -m harness`` ends with os._exit (cli.entry): the exit code and the
+    message still come out."""
+    import subprocess
+    import sys
+
+    path = _write(tmp_path, GOOD.replace("trials: 3", "trials: -1"))
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == cli.EXIT_BAD_INPUT
+    assert "search.trials" in proc.stderr and not (tmp_path / "runs").exists()
+
+
 def test_cli_exit_code_2_and_nothing_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     path = _write(tmp_path, GOOD.replace("trials: 3", "trials: -1"))

@@ -61,6 +61,12 @@ def test_run_end_to_end(tmp_path):
     assert row["hardware"] == "cpu" and row["counts"]["measured"] == 5
     assert row["latency_ms"] > 0 and row["eager_latency_ms"] > 0
     assert row["default_latency_ms"] > 0 and row["speedup_vs_default"] > 0
+    # The wall counts the process's imports; the worker's start-up is broken down by step.
+    line = out["timeline_s"]
+    assert 0 < line["run_called"] < line["ray_connected"] < line["done"] <= out["wall_s"] + 0.01
+    start = out["worker_startup_s"]["cpu"]
+    assert {"import_torch", "device", "total_in_init", "launch_to_ready"} <= set(start)
+    assert start["launch_to_ready"] >= start["total_in_init"] > 0
 
     # The pack: valid, checksummed, a config the kernel accepts, provenance filled in.
     pack_file = tmp_path / "packs" / "cpu" / "grouped_gemm.json"
