@@ -342,7 +342,8 @@ class Worker:
     """
 
     def __init__(self, hardware_key: str, timing: dict[str, float],
-                 compile_workers: int | str = 0, keep_s: float = 0.0, version: str = ""):
+                 compile_workers: int | str = 0, keep_s: float = 0.0, version: str = "",
+                 first: tuple | None = None):
         t0 = time.monotonic()
         # Where a worker's start-up goes, in seconds, by step (reported by ``info``).
         self.startup_s: dict[str, float] = {}
@@ -414,11 +415,34 @@ class Worker:
         self._last_call = time.monotonic()  # the lessee's last sign of life
         if keep_s > 0:
             threading.Thread(target=self._reaper, name="harness-reaper", daemon=True).start()
+        if first is not None:
+            self._prepare_first(*first)
+            step("first_problem")
+        if self.pre is not None:  # a count, not seconds: configs sent to compile so far
+            self.startup_s["compiles_sent"] = self.pre.submitted
         if warm is not None:
             warm.join(timeout=60)
         step("accuracy_check_build")
         self.startup_s["total_in_init"] = round(time.monotonic() - t0, 2)
         threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
+
+    def _prepare_first(self, kernel: str, shape: dict, dtype: str, seed: int,
+                       configs: list) -> None:
+        """The run's first problem (``first``: kernel, shape, dtype, seed, configs known
+        before the search, such as the default config): its inputs built and those
+        configs sent to compile while this worker starts, so that after it reports ready
+        the GPU does not wait for the first compiles. A failure only loses the head start:
+        the first task builds and compiles as usual."""
+        if self.pre is None:
+            return
+        try:
+            from harness import kernel_api
+
+            fam = kernel_api.get(kernel)
+            self._problem_loaded(kernel, fam, shape, dtype, seed, None)
+            self._hint(kernel, shape, dtype, seed, configs)
+        except Exception as exc:
+            log.warning("preparing the first problem failed: %s", exc)
 
     def _start_precompiler(self, processes: int, has_gpu: bool) -> None:
         if self.pre is None and processes > 0 and precompile_enabled(has_gpu):
@@ -828,6 +852,7 @@ class Fleet:
         self.run_id = run_id or f"run-{os.getpid()}-{time.time_ns()}"
         self.reused = 0  # kept workers this run leased
         self._to_lease: dict[str, int] = {}  # key -> kept workers to lease in wait_started
+        self.first: dict[str, tuple] = {}  # key -> the first problem (see ``launch``)
         self._beat = 0.0  # when the kept workers last heard from this run
 
     # -- connecting and discovering ---------------------------------------------------
@@ -934,14 +959,15 @@ class Fleet:
         return {"num_cpus": 1, "num_gpus": 1,
                 "resources": {f"accelerator_type:{name or key}": 0.001}}
 
-    def _new_slot(self, key: str) -> _Slot:
+    def _new_slot(self, key: str, replacing: bool = False) -> _Slot:
         name = self._pick_name(key)
         opts = self._options(key, name)
         if self.keep_s > 0:
             opts.update(name=f"{KEPT_PREFIX}{key}-{os.urandom(4).hex()}", namespace=KEPT_NS,
                         lifetime="detached")
         actor = Worker.options(**opts).remote(key, self.timing, self.compile_workers,
-                                              self.keep_s, self.version)
+                                              self.keep_s, self.version,
+                                              None if replacing else self.first.get(key))
         slot = _Slot(key, name, actor, time.monotonic(), kept=self.keep_s > 0)
         slot.ready_ref = actor.info.remote() if self.keep_s <= 0 else actor.lease.remote(
             self.run_id, self.timing, self.version)
@@ -993,11 +1019,15 @@ class Fleet:
         self.launch(wanted)
         return self.wait_started()
 
-    def launch(self, wanted: Mapping[str, int]) -> None:
+    def launch(self, wanted: Mapping[str, int],
+               first: Mapping[str, tuple] | None = None) -> None:
         """Create the workers (they start in the background; see ``wait_started``). With
         kept workers, only as many as the kept ones of each key fall short: those are
         leased in ``wait_started``, so that this run holds them from then on, not while
-        the driver sets up."""
+        the driver sets up. ``first``: per key, the first problem and the configs known
+        before the search (kernel, shape, dtype, seed, configs), which a new worker
+        prepares and compiles while it starts (``Worker._prepare_first``)."""
+        self.first = dict(first or {})
         for key, n in wanted.items():
             if self.keep_s > 0:
                 kept = len(self._kept_names(key))
@@ -1080,7 +1110,7 @@ class Fleet:
         """Kill the slot's worker, send its queued tasks again, start a new worker."""
         self._close(slot)
         self._requeue[:0] = [t for t, _ in slot.queue]
-        fresh = self._new_slot(slot.hardware)
+        fresh = self._new_slot(slot.hardware, replacing=True)
         slot.ray_name, slot.actor, slot.created = fresh.ray_name, fresh.actor, fresh.created
         slot.ready_ref, slot.info, slot.queue, slot.seq = fresh.ready_ref, {}, [], 0
         slot.kept = fresh.kept

@@ -339,7 +339,12 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
          progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future,
          release: Callable[[], None]) -> None:
     targets, available = _targets(exp, fleet, console, summary)
-    fleet.launch({k: available[k] for k in targets})
+    # Each key's first study and its default config: prepared while the workers start.
+    first: dict[str, tuple] = {}
+    for spec in experiment.plan(exp, targets):
+        default = kernel_api.get(spec.kernel).default_config
+        first.setdefault(spec.hardware, (spec.kernel, spec.shape, spec.dtype, 0, [default]))
+    fleet.launch({k: available[k] for k in targets}, first=None if resume else first)
     # MLflow and Optuna start up while the workers do (each takes seconds).
     url = storage_url(exp.output.runs_dir, exp.name)
     storage = make_storage(url)

@@ -29,7 +29,7 @@ from rich.console import Console
 from harness.fleet import Fleet, NoHardwareError, Task
 from harness.measure import Timing
 from harness.run import run
-from tests.fault_kernels import read_events
+from tests.fault_kernels import Faulty, read_events
 
 pytestmark = pytest.mark.slow
 
@@ -387,6 +387,29 @@ def test_queued_configs_compile_ahead_in_child_processes(cl, events, tmp_path: P
             assert len(loads) == 1 and loads[0]["pid"] == launched[0]["pid"]
             assert compiled[0]["t"] <= loads[0]["t"] <= launched[0]["t"]
     assert loaded >= len(trials) - 1, log
+
+
+def test_a_new_worker_compiles_the_default_config_while_it_starts(cl, events,
+                                                                  tmp_path: Path) -> None:
+    """The first study's default config is known before the search: a new worker builds
+    that problem's inputs and sends the config to its compile child in its start-up, so
+    the GPU does not wait for that compile once the worker is ready."""
+    path = _experiment(tmp_path, name="first", hardware=["H200"],
+                       search={"sampler": "grid", "trials": 2, "warm_start": False,
+                               "remeasure_top_k": 0},
+                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [10, 20]}},
+                       fleet={"queue_depth": 2, "compile_workers": 1})
+    summary, _ = _run(path)
+    default = Faulty.default_config
+    log = read_events(events)
+    compiled = [e for e in log if e["event"] == "compile" and e["config"] == default]
+    launched = [e for e in log if e["event"] == "launch" and e["config"] == default]
+    assert len(compiled) == 1 and launched, log  # compiled once, ahead, then run
+    assert compiled[0]["pid"] != launched[0]["pid"] and compiled[0]["t"] <= launched[0]["t"]
+    start = summary.worker_startup["H200"]
+    assert "first_problem" in start and start["compiles_sent"] == 1  # before "ready"
+    (row,) = summary.rows
+    assert row["default_latency_ms"] > 0 and row["counts"]["measured"] == 2
 
 
 def test_remeasurement_of_a_study_runs_on_one_gpu(cl, events, tmp_path: Path) -> None:
