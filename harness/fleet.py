@@ -535,10 +535,13 @@ class Worker:
     LEASE_S = 30.0
 
     @ray.method(concurrency_group="control")
-    def lease(self, run: str, timing: dict[str, float], version: str) -> dict[str, Any]:
+    def lease(self, run: str, timing: dict[str, float], version: str,
+              first: tuple | None = None) -> dict[str, Any]:
         """Let ``run`` use this kept worker: its ``info()``, or ``{"refused": why}``:
         ``busy`` (another live run has it), ``stale`` (other code, or a poisoned context,
-        or still running a dead run's task): the caller kills a stale worker."""
+        or still running a dead run's task): the caller kills a stale worker. ``first``:
+        the run's first problem, prepared before the lease returns (``_prepare_first``);
+        ``startup_s`` then describes this lease."""
         with self._cv:
             now = time.monotonic()
             if version != self.version or self.poisoned:
@@ -554,6 +557,12 @@ class Worker:
             self._lessee, self._last_call = run, now
             self._leased_at = time.perf_counter()
             self.measurer.timing = Timing(**timing)
+        if first is not None and self.pre is not None:
+            t0, sent = time.monotonic(), self.pre.submitted
+            self._prepare_first(*first)
+            self.startup_s = {"first_problem": round(time.monotonic() - t0, 2),
+                              "compiles_sent": self.pre.submitted - sent}
+            self._leased_at = time.perf_counter()  # the driver's clock starts after this
         return self.info()
 
     @ray.method(concurrency_group="control")
@@ -991,7 +1000,8 @@ class Fleet:
                 handles.append(ray.get_actor(name, namespace=KEPT_NS))
             except ValueError:  # gone since listed
                 continue
-        refs = {h.lease.remote(self.run_id, self.timing, self.version): h for h in handles}
+        refs = {h.lease.remote(self.run_id, self.timing, self.version, self.first.get(key)): h
+                for h in handles}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=10) if refs else ([], [])
         out: list[_Slot] = []
         for ref in ready:

@@ -504,3 +504,29 @@ def test_kept_workers_serve_the_next_run_and_leave_when_idle(cl, events, tmp_pat
     while kept() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert kept() == []  # idle for keep_workers_s: gone, its GPU free again
+
+
+def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events,
+                                                               tmp_path: Path) -> None:
+    """A kept worker leased by the next run builds that run's first problem and sends its
+    default config to compile before the lease returns, as a new worker does at start."""
+    from ray.util import list_named_actors
+
+    from harness.fleet import KEPT_NS
+
+    fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2,
+                                             "remeasure_top_k": 0},
+                  search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10]}},
+                  fleet={"compile_workers": 1, "keep_workers_s": 4, "queue_depth": 2})
+    first, _ = _run(_experiment(tmp_path, name="lease1", **fields))
+    second, _ = _run(_experiment(tmp_path, name="lease2", shapes=[{"N": 512}], **fields))
+    assert first.reused == 0 and second.reused == 1
+    start = second.worker_startup["H200"]
+    # It describes this lease, not the worker's start-up in the first run.
+    assert "import_torch" not in start and "first_problem" in start, start
+    assert start["compiles_sent"] == 1
+    assert second.rows[0]["default_latency_ms"] > 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+            a["namespace"] == KEPT_NS for a in list_named_actors(all_namespaces=True)):
+        time.sleep(0.5)  # the kept worker leaves once idle: the simulated GPU is free again
