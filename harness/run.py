@@ -134,16 +134,12 @@ def _missing_message(key: str, available: dict[str, int], unlabelled: int,
 
 
 class _Background:
-    """MLflow calls, run in order on one thread, each given the Tracker as its first
-    argument: the driver keeps the workers fed while MLflow starts (seconds: the search
-    does not wait for it) and while it commits (a trial run is several commits). A
-    tracker that cannot be created is ``failed``, which the search loop raises."""
+    """MLflow calls made during the search, run in order on one thread, so that the
+    driver keeps the workers fed while MLflow commits (a trial run is several commits)."""
 
-    def __init__(self, tracker_f: Future) -> None:
-        self._tracker_f = tracker_f
+    def __init__(self) -> None:
         self._q: queue.Queue = queue.Queue()
         self.errors: list[str] = []
-        self.failed: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="harness-mlflow", daemon=True)
         self._thread.start()
 
@@ -156,14 +152,8 @@ class _Background:
             try:
                 if item is None:
                     return
-                if self.failed is None:
-                    try:
-                        tracker = self._tracker_f.result()
-                    except Exception as exc:  # no MLflow at all: the run stops
-                        self.failed = exc
-                        continue
-                    fn, args, kwargs = item
-                    fn(tracker, *args, **kwargs)
+                fn, args, kwargs = item
+                fn(*args, **kwargs)
             except Exception as exc:  # tracking must not stop the tuning
                 self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
                 log.warning("MLflow logging failed: %s", exc)
@@ -230,11 +220,11 @@ def _logged(trial_log: Path) -> dict[tuple[str, int], dict[str, Any]] | None:
     return out
 
 
-def _unlogged(st: StudyState, logged: dict[tuple[str, int], dict[str, Any]]) -> list[tuple]:
-    """The finished trials whose MLflow run a killed driver never wrote or never
-    completed, as ``_log_trial``'s arguments after the study (taken before this run adds
-    trials of its own, which it logs itself)."""
-    out = []
+def _reconcile(st: StudyState, tracker: Tracker, trial_log: Path,
+               logged: dict[tuple[str, int], dict[str, Any]]) -> int:
+    """Log the finished trials whose MLflow run a killed driver never wrote or never
+    completed."""
+    n = 0
     for t in st.search.study.get_trials(deepcopy=False):
         status = t.user_attrs.get(ATTR_STATUS)
         if not t.state.is_finished() or status not in ("measured", "failed"):
@@ -242,9 +232,11 @@ def _unlogged(st: StudyState, logged: dict[tuple[str, int], dict[str, Any]]) -> 
         rec = logged.get((st.spec.name, t.number))
         if rec is not None and rec["done"]:
             continue
-        out.append((t.number, dict(t.params), dict(t.user_attrs.get(ATTR_RESULT) or {}),
-                    status, rec["run"] if rec else None))
-    return out
+        _log_trial(tracker, trial_log, st, t.number, dict(t.params),
+                   dict(t.user_attrs.get(ATTR_RESULT) or {}), status,
+                   run_id=rec["run"] if rec else None)
+        n += 1
+    return n
 
 
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
@@ -343,49 +335,6 @@ def _started(targets: list[str], fleet: Fleet, console: Console,
     return targets, infos
 
 
-def _open_parent(tracker: Tracker, exp: experiment.Experiment, path: str | Path,
-                 summary: Summary, resume_id: str | None, state_path: Path,
-                 run_state: dict[str, Any]) -> None:
-    """The experiment's MLflow run (continued on a resume), recorded in the run's state
-    file for ``--resume``."""
-    summary.tracking_uri = tracker.uri
-    summary.mark("tracking_ready")
-    summary.parent_run_id = tracker.start_run(
-        exp.name, {"harness.level": "experiment", "harness.git_sha": git_sha(),
-                   "harness.config": str(path)}, resume=resume_id)
-    run_state.update(parent_run_id=summary.parent_run_id, tracking_uri=tracker.uri)
-    state_path.write_text(json.dumps(run_state))
-    tracker.log(summary.parent_run_id, params={"kernel": exp.kernel,
-                                               "sampler": exp.search.sampler,
-                                               "trials_per_study": exp.search.trials},
-                tags={"harness.missing_hardware": ",".join(summary.missing_hardware) or "-"})
-
-
-def _open_study(tracker: Tracker, st: StudyState, summary: Summary, trial_log: Path,
-                unlogged: list[tuple] | None, console: Console) -> None:
-    """The study's MLflow run (continued on a resume, which then logs the trials a killed
-    driver left out of MLflow: ``unlogged``, from ``_unlogged``)."""
-    spec, worker, search = st.spec, st.worker, st.search
-    st.run_id = tracker.start_run(
-        f"{spec.kernel} {spec.shape_key} {spec.dtype} {spec.hardware}",
-        {"harness.level": "study", "hardware": spec.hardware, "kernel": spec.kernel,
-         "shape": spec.shape_key, "dtype": spec.dtype, "device_name": worker["device_name"],
-         "triton": worker["triton"], "torch": worker["torch"], "cuda": worker["cuda"],
-         "git_sha": git_sha()},
-        parent=summary.parent_run_id, resume=search.attr("mlflow_run_id"))
-    search.set_attr("mlflow_run_id", st.run_id)
-    if unlogged is None:
-        return
-    for number, config, result, status, run_id in unlogged:
-        _log_trial(tracker, trial_log, st, number, config, result, status, run_id=run_id)
-    relogged = len(unlogged)
-    summary.resumed[spec.name]["mlflow_relogged"] = relogged
-    if search.interrupted or relogged:
-        console.print(f"resume {spec.name}: {search.measured} trials kept, "
-                      f"{len(search.interrupted)} interrupted configs queued again, "
-                      f"{relogged} trial runs logged to MLflow")
-
-
 def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Console,
          progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future,
          release: Callable[[], None]) -> None:
@@ -402,6 +351,9 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     if not resume:  # an earlier run's studies of this name: seconds to delete from sqlite
         for spec in experiment.plan(exp, targets):
             _drop_study(url, spec.name)
+    tracker = tracker_f.result()
+    summary.tracking_uri = tracker.uri
+    summary.mark("tracking_ready")
     targets, infos = _started(targets, fleet, console, summary)
     summary.mark("workers_ready")
     summary.worker_startup = {k: dict(v[0].get("startup_s", {})) for k, v in infos.items()}
@@ -424,19 +376,23 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     state_path = _state_file(exp)
     trial_log = _trial_log_file(exp)
     prior = json.loads(state_path.read_text()) if (resume and state_path.is_file()) else {}
+    summary.parent_run_id = tracker.start_run(
+        exp.name, {"harness.level": "experiment", "harness.git_sha": git_sha(),
+                   "harness.config": str(path)}, resume=prior.get("parent_run_id"))
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    run_state = {"mlflow_experiment": exp.tracking.experiment or exp.name,
+    run_state = {"parent_run_id": summary.parent_run_id, "tracking_uri": tracker.uri,
+                 "mlflow_experiment": exp.tracking.experiment or exp.name,
                  "config": str(Path(path).resolve()),
                  "packs_dir": str(Path(exp.output.packs_dir).resolve())}
+    state_path.write_text(json.dumps(run_state))
     # A resume reconciles MLflow with Optuna only where the previous run kept a record.
     logged = _logged(trial_log) if resume else None
     if logged is None:
         trial_log.write_text("")
-    # MLflow's runs are opened on the tracking thread, first in its queue: every trial
-    # logged behind them finds its study's run, and the search starts without waiting.
-    bg = _Background(tracker_f)
-    bg.call(_open_parent, exp, path, summary, prior.get("parent_run_id"), state_path,
-            run_state)
+    tracker.log(summary.parent_run_id, params={"kernel": exp.kernel,
+                                               "sampler": exp.search.sampler,
+                                               "trials_per_study": exp.search.trials},
+                tags={"harness.missing_hardware": ",".join(summary.missing_hardware) or "-"})
 
     studies: list[StudyState] = []
     for spec in specs:
@@ -450,7 +406,15 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
                  if exp.search.seed_from_packs and not resume else [])
         search = Search(spec, space, device, exp.search, storage, exp.seed,
                         n_parallel=fleet.depth(spec.hardware), seeds=seeds)
-        st = StudyState(spec, search, "", device, worker,
+        run_id = tracker.start_run(
+            f"{spec.kernel} {spec.shape_key} {spec.dtype} {spec.hardware}",
+            {"harness.level": "study", "hardware": spec.hardware, "kernel": spec.kernel,
+             "shape": spec.shape_key, "dtype": spec.dtype, "device_name": worker["device_name"],
+             "triton": worker["triton"], "torch": worker["torch"], "cuda": worker["cuda"],
+             "git_sha": git_sha()},
+            parent=summary.parent_run_id, resume=search.attr("mlflow_run_id"))
+        search.set_attr("mlflow_run_id", run_id)
+        st = StudyState(spec, search, run_id, device, worker,
                         eager=search.attr("eager"), default=search.attr("default"),
                         compiled=search.attr("compile"),
                         want_compile=_want_compile(exp, device))
@@ -463,17 +427,19 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
             st.pending.add("eager")
         studies.append(st)
         if resume:
+            relogged = _reconcile(st, tracker, trial_log, logged) if logged is not None else 0
             summary.resumed[spec.name] = {
                 "finished": search.measured, "requeued": search.interrupted,
-                "recovered": search.recovered, "mlflow_relogged": 0}
-        unlogged = None
-        if resume:
-            unlogged = _unlogged(st, logged) if logged is not None else []
-        bg.call(_open_study, st, summary, trial_log, unlogged, console)
+                "recovered": search.recovered, "mlflow_relogged": relogged}
+            if search.interrupted or relogged:
+                console.print(f"resume {spec.name}: {search.measured} trials kept, "
+                              f"{len(search.interrupted)} interrupted configs queued again, "
+                              f"{relogged} trial runs logged to MLflow")
 
+    bg = _Background()
     summary.mark("search_started")
     try:
-        _search_loop(exp, fleet, studies, bg, trial_log, console, progress)
+        _search_loop(exp, fleet, studies, tracker, bg, trial_log, console, progress)
         _remeasure_top(exp, fleet, studies, console)
     finally:
         summary.mark("search_done")
@@ -481,7 +447,6 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         bg.flush()
         bg.close()
         summary.mark("mlflow_caught_up")
-    tracker = tracker_f.result()
     summary.busy_s = dict(fleet.busy_s)
     summary.held_s = fleet.held_s()
     summary.timing_s = sum(fleet.timing_s.values())
@@ -590,8 +555,8 @@ def _drop_study(storage: str, name: str) -> None:
         pass
 
 
-def _search_loop(exp, fleet: Fleet, studies: list[StudyState], bg: _Background,
-                 trial_log: Path, console: Console, show: bool) -> None:
+def _search_loop(exp, fleet: Fleet, studies: list[StudyState], tracker: Tracker,
+                 bg: _Background, trial_log: Path, console: Console, show: bool) -> None:
     deadline = (time.monotonic() + exp.search.timeout_s) if exp.search.timeout_s else math.inf
     by_hw: dict[str, list[StudyState]] = {}
     for st in studies:
@@ -628,10 +593,8 @@ def _search_loop(exp, fleet: Fleet, studies: list[StudyState], bg: _Background,
             if fleet.in_flight() == 0 and (out_of_time or all(
                     hw in exhausted or not fleet.workers(hw) for hw in by_hw)):
                 break
-            if bg.failed is not None:
-                raise RuntimeError(f"MLflow tracking is unavailable: {bg.failed}") from bg.failed
             for task, result in fleet.poll(0.5):
-                _handle(task, result, bg, trial_log)
+                _handle(task, result, tracker, bg, trial_log)
                 refresh(task.hardware)
         for hw in by_hw:
             refresh(hw)
@@ -737,12 +700,8 @@ def _study_task(st: StudyState, hw: str) -> Task | None:
                 ("trial", st, trial, config))
 
 
-def _log_baseline(tracker: Tracker, st: StudyState, kind: str, result: TrialResult) -> None:
-    tracker.log(st.run_id, metrics={f"{kind}_latency_ms": result.latency_ms},
-                params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
-
-
-def _handle(task: Task, result: TrialResult, bg: _Background, trial_log: Path) -> None:
+def _handle(task: Task, result: TrialResult, tracker: Tracker, bg: _Background,
+            trial_log: Path) -> None:
     kind, st = task.tag[0], task.tag[1]
     if isinstance(st, str):
         return  # a baseline sent before its study was set up, which then was not
@@ -750,7 +709,8 @@ def _handle(task: Task, result: TrialResult, bg: _Background, trial_log: Path) -
         st.pending.discard(kind)
         setattr(st, "compiled" if kind == "compile" else kind, result.to_dict())
         st.search.set_attr(kind, result.to_dict())
-        bg.call(_log_baseline, st, kind, result)  # st.run_id is read once the run exists
+        bg.call(tracker.log, st.run_id, metrics={f"{kind}_latency_ms": result.latency_ms},
+                params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
         return
     _, st, trial, config = task.tag
     if kind == "cheap":
@@ -759,7 +719,7 @@ def _handle(task: Task, result: TrialResult, bg: _Background, trial_log: Path) -
             return
         if result.ok:  # cut by the pruner after its cheap pass
             st.in_flight -= 1
-            bg.call(_log_trial, trial_log, st, trial.number, dict(config),
+            bg.call(_log_trial, tracker, trial_log, st, trial.number, dict(config),
                     result.to_dict(), "cut")
             return
     else:
@@ -770,7 +730,8 @@ def _handle(task: Task, result: TrialResult, bg: _Background, trial_log: Path) -
         st.best_ms = min(st.best_ms, result.latency_ms)
     else:
         st.failures += 1
-    bg.call(_log_trial, trial_log, st, trial.number, dict(config), result.to_dict(), status)
+    bg.call(_log_trial, tracker, trial_log, st, trial.number, dict(config), result.to_dict(),
+            status)
 
 
 def _speedup(base: Any, new: Any) -> float:

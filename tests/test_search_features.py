@@ -123,31 +123,3 @@ def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path) -> None:
     # One measurement each for the cut configs; the winner: baseline, cheap and full.
     assert launches[40] == launches[80] == launches[120]
     assert launches[0] == 3 * launches[40], launches
-
-
-def test_a_run_without_mlflow_stops_early_and_freezes_nothing(tmp_path: Path) -> None:
-    """The search starts while MLflow starts; an MLflow that cannot be reached stops the
-    run within a few trials (not after the whole search) and no pack is frozen."""
-    events = tmp_path / "events"
-    events.mkdir()
-    exp = {
-        "name": "nomlflow", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
-        "dtypes": ["fp32"],
-        "search": {"sampler": "grid", "trials": 40, "warm_start": False,
-                   "remeasure_top_k": 0},
-        "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": list(range(200, 240))}},
-        # A database under a regular file: MLflow cannot create it.
-        "tracking": {"uri": f"sqlite:///{tmp_path / 'blocker' / 'mlflow.db'}"},
-        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-        "fleet": {"compile_workers": 0, "queue_depth": 1},
-    }
-    (tmp_path / "blocker").write_text("a file, not a folder")
-    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml"],
-                          cwd=tmp_path, env=cli_env(events), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "MLflow tracking is unavailable" in proc.stderr, proc.stderr[-3000:]
-    assert not (tmp_path / "packs").exists()
-    launches = [e for e in read_events(events) if e["event"] == "launch"]
-    assert len(launches) < 20, len(launches)  # 40 configs of >= 200 ms: stopped early
