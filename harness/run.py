@@ -335,21 +335,29 @@ def _started(targets: list[str], fleet: Fleet, console: Console,
     return targets, infos
 
 
+def _first_studies(specs: list[experiment.StudySpec]) -> dict[str, experiment.StudySpec]:
+    """Each hardware key's first study: the one its workers start on."""
+    out: dict[str, experiment.StudySpec] = {}
+    for spec in specs:
+        out.setdefault(spec.hardware, spec)
+    return out
+
+
 def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Console,
          progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future,
          release: Callable[[], None]) -> None:
     targets, available = _targets(exp, fleet, console, summary)
+    planned = experiment.plan(exp, targets)
     # Each key's first study and its default config: prepared while the workers start.
-    first: dict[str, tuple] = {}
-    for spec in experiment.plan(exp, targets):
-        default = kernel_api.get(spec.kernel).default_config
-        first.setdefault(spec.hardware, (spec.kernel, spec.shape, spec.dtype, 0, [default]))
+    first = {hw: (spec.kernel, spec.shape, spec.dtype, 0,
+                  [kernel_api.get(spec.kernel).default_config])
+             for hw, spec in _first_studies(planned).items()}
     fleet.launch({k: available[k] for k in targets}, first=None if resume else first)
     # MLflow and Optuna start up while the workers do (each takes seconds).
     url = storage_url(exp.output.runs_dir, exp.name)
     storage = make_storage(url)
     if not resume:  # an earlier run's studies of this name: seconds to delete from sqlite
-        for spec in experiment.plan(exp, targets):
+        for spec in planned:
             _drop_study(url, spec.name)
     tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
@@ -361,12 +369,10 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     # studies are set up below (MLflow runs, Optuna studies: about half a second).
     specs = experiment.plan(exp, targets)  # the studies, on the hardware that started
     early: dict[str, Task] = {}
-    for spec in ([] if resume else specs):
-        if spec.hardware not in early:
-            early[spec.hardware] = Task(spec.hardware, "eager",
-                                        (spec.kernel, spec.shape, spec.dtype, 0, False),
-                                        ("eager", spec.name))
-            fleet.submit(early[spec.hardware])
+    for hw, spec in ({} if resume else _first_studies(specs)).items():
+        early[hw] = Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, False),
+                         ("eager", spec.name))
+        fleet.submit(early[hw])
     summary.interpreted = any(i["interpreted"] for group in infos.values() for i in group)
     if summary.interpreted:
         console.print("[bold yellow]No GPU: kernels run under Triton's interpreter on the CPU. "
