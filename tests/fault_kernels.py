@@ -11,7 +11,10 @@ One family, one tunable ``FAULT`` that picks what goes wrong:
   address that poisons the CUDA context; on the CPU CUDA's error text as a RuntimeError;
 - ``hang``: sleeps an hour;
 - ``COMPILE_MS``: how long its ahead-of-time compile takes;
-- ``wrong``: a result off by one; ``nan``: a result with a NaN.
+- ``wrong``: a result off by one; ``nan``: a result with a NaN;
+- ``stale`` (not in the space; tests name it): its output buffer already holds the right
+  answer, as a block the allocator hands back from an earlier config would, and the
+  kernel writes only its first half.
 
 Every launch, ``compile_only`` and ``load_only`` appends a JSON line to ``$FAULT_DIR/events.jsonl``
 (event, config, pid, node, time) so that tests can see where and when things ran.
@@ -132,6 +135,11 @@ class Faulty(Kernel):
         n = x.numel()
         grid = (triton.cdiv(n, block),)
 
+        if fault == "stale":
+            y.copy_(x.float() * 2)
+            grid = (triton.cdiv(n // 2, block),)
+            n = n // 2
+
         def run() -> torch.Tensor:
             record("launch", config)
             if sleep_s:
@@ -158,6 +166,7 @@ class Faulty(Kernel):
                 y[0] = float("nan")
             return y
 
+        run.out = y  # type: ignore[attr-defined]
         return run
 
     def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:

@@ -194,3 +194,62 @@ def test_gpu_state_reads_the_clock_and_power() -> None:
     state = gpu_state()
     assert 100 <= state["sm_clock_mhz"] <= 5000, state
     assert 5 <= state["power_w"] <= 2000, state
+
+
+def _launches(events_dir) -> int:
+    from tests.fault_kernels import read_events
+
+    return sum(e["event"] == "launch" for e in read_events(events_dir))
+
+
+def test_an_unwritten_output_fails_even_where_the_buffer_held_the_answer(
+        monkeypatch, tmp_path, device) -> None:
+    """``stale``: the output block already holds the right answer (as the allocator's
+    block of an earlier config would) and the kernel writes half of it. The NaN fill
+    before timing makes the unwritten half show; without it the check passes."""
+    from harness import measure
+    from tests.fault_kernels import Faulty
+
+    fam, shape = Faulty(), {"N": 4096}
+    m = measure.Measurer(measure.Timing(1, 5), device=device)
+    res = m.measure(fam, shape, "fp32", {"FAULT": "stale"}, seed=int(torch.randint(0, 99, ())))
+    assert not res.ok and "NaN" in res.reason, res.reason
+    assert m.measure(fam, shape, "fp32", {"FAULT": "none"}, seed=1).ok
+    monkeypatch.setattr(measure, "poison", lambda out, inputs: 0)
+    assert m.measure(fam, shape, "fp32", {"FAULT": "stale"}, seed=2).ok  # the hole it closes
+
+
+def test_a_named_output_is_launched_first_by_the_timer(monkeypatch, tmp_path, device) -> None:
+    """A launcher naming ``fn.out`` gets no separate first call: the timer's first call is
+    its first launch, whose host time is ``compile_s``, not timing. Without ``out`` the
+    first call comes before the timer, as before."""
+    from harness import measure
+    from tests.fault_kernels import Faulty
+
+    monkeypatch.setenv("FAULT_DIR", str(tmp_path))
+    fam, shape, timing = Faulty(), {"N": 2048}, measure.Timing(1, 5, cpu_reps=3)
+    m = measure.Measurer(timing, device=device)
+    res = m.measure(fam, shape, "fp32", {"FAULT": "none"}, seed=3)
+    assert res.ok and res.compile_s > 0 and res.timing_s > 0
+    named = _launches(tmp_path)
+    plain = fam.launcher
+
+    def unnamed(inputs, shape, config):
+        run = plain(inputs, shape, config)
+        return lambda: run()
+
+    monkeypatch.setattr(fam, "launcher", unnamed)
+    assert m.measure(fam, shape, "fp32", {"FAULT": "none"}, seed=3).ok
+    assert _launches(tmp_path) - named == named + 1
+    if device == "cpu":
+        assert named == timing.cpu_reps
+
+
+def test_poison_fills_outputs_but_not_inputs() -> None:
+    from harness.measure import poison
+
+    x = torch.randn(8)
+    out = (torch.empty(4), torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.bool))
+    assert poison((out, x), {"x": x}) == 2
+    assert torch.isnan(out[0]).all() and (out[1] == torch.iinfo(torch.int32).min).all()
+    assert not out[2].any() and torch.isfinite(x).all()
