@@ -418,6 +418,15 @@ class Worker:
         if first is not None:
             self._prepare_first(*first)
             step("first_problem")
+        if self.pre is not None:
+            # The roofline's ceilings (cached on disk per device): measured now, while the
+            # GPU waits for the first compiles anyway, not in the first baseline's time.
+            try:
+                self.peaks()
+            except Exception as exc:  # the first baseline tries again
+                log.warning("measuring the device's peaks failed: %s", exc)
+                self._peaks = None
+            step("peaks")
         if self.pre is not None:  # a count, not seconds: configs sent to compile so far
             self.startup_s["compiles_sent"] = self.pre.submitted
         if warm is not None:

@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 #: the other three chose was fifth by its search time, 16 % behind, and never re-measured.
 AUTO_TOP_K = 5
 
+#: The most configs of an exhaustive grid that a new worker is given to compile while it
+#: starts (``_known_configs``).
+MAX_KNOWN = 1024
+
 
 @dataclass
 class StudyState:
@@ -250,18 +254,28 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     MLflow catches up (the command line, whose process ends with the run); by default
     it stays up for the caller's next run."""
     console = console or Console(stderr=True)
-    exp = experiment.load(path, overrides)  # validates all before anything is written
+    exp = experiment.load(path, overrides, semantics=False)  # the file's form: milliseconds
     summary = Summary() if started_at is None else Summary(t0=started_at)
     summary.mark("run_called")
     t_start = summary.t0
-    # Importing MLflow and creating its tables takes seconds, importing the plotting
-    # code too: done while Ray starts.
-    pool = ThreadPoolExecutor(1, thread_name_prefix="harness-mlflow-init")
-    tracker_f = pool.submit(Tracker, exp.tracking.uri, exp.tracking.experiment or exp.name)
+    # While Ray starts (seconds): the checks that import the kernel family (torch:
+    # seconds), then MLflow's import and tables, then the plotting code. Nothing is
+    # written before the whole file is validated; Ray itself starts in this (the main)
+    # thread, whose life its processes are tied to.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="harness-prepare")
+    checked = pool.submit(_check, path, exp, summary)
+    tracker_f = pool.submit(_tracker_once_valid, checked, exp)
     pool.submit(_warm_plot_imports)
     pool.shutdown(wait=False)
 
-    where = Fleet.connect()
+    try:
+        where = Fleet.connect()
+    finally:
+        error = checked.exception()
+    if error is not None:
+        if where == "local":  # started for this run only
+            ray.shutdown()
+        raise error
     summary.mark("ray_connected")
     fs = exp.fleet
     keep_s = fs.keep_workers_s
@@ -343,14 +357,35 @@ def _first_studies(specs: list[experiment.StudySpec]) -> dict[str, experiment.St
     return out
 
 
+def _known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
+                   path: str | Path) -> list[dict[str, Any]]:
+    """The configs a study is known to measure before its search starts: the kernel's
+    default (a baseline) and, for an exhaustive grid, every config that passes static
+    pruning on the hardware key's static spec (the worker's own device prunes again; a
+    config compiled ahead in vain costs a compile child's time, not the GPU's)."""
+    fam = kernel_api.get(spec.kernel)
+    out = [dict(fam.default_config)]
+    if exp.search.sampler != "grid":
+        return out
+    device = spec_for_key(spec.hardware)
+    space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], device.vendor,
+                           spec.hardware, where=str(path))
+    if spaces.grid_size(space) > min(exp.search.trials, MAX_KNOWN):
+        return out  # a sample of the grid: which configs is the sampler's choice
+    for config in spaces.points(space):
+        if fam.check_config({**fam.default_config, **config}, spec.shape, device) is None:
+            out.append(config)
+    return out
+
+
 def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Console,
          progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future,
          release: Callable[[], None]) -> None:
     targets, available = _targets(exp, fleet, console, summary)
     planned = experiment.plan(exp, targets)
-    # Each key's first study and its default config: prepared while the workers start.
-    first = {hw: (spec.kernel, spec.shape, spec.dtype, 0,
-                  [kernel_api.get(spec.kernel).default_config])
+    # Each key's first study and the configs it is known to measure: prepared and
+    # compiled while the workers start.
+    first = {hw: (spec.kernel, spec.shape, spec.dtype, 0, _known_configs(exp, spec, path))
              for hw, spec in _first_studies(planned).items()}
     fleet.launch({k: available[k] for k in targets}, first=None if resume else first)
     # MLflow and Optuna start up while the workers do (each takes seconds).
@@ -505,6 +540,19 @@ def _code_version(exp: experiment.Experiment) -> str:
     except (TypeError, OSError):  # defined where inspect cannot find a file
         pass
     return fleet_code_version(paths)
+
+
+def _check(path: str | Path, exp: experiment.Experiment, summary: Summary) -> None:
+    experiment.check_semantics(path, exp)
+    summary.mark("validated")
+
+
+def _tracker_once_valid(checked: Future, exp: experiment.Experiment) -> Tracker | None:
+    """The run's Tracker, created only once the experiment passed its checks (MLflow
+    writes its store as it starts); None otherwise."""
+    if checked.exception() is not None:
+        return None
+    return Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
 
 
 def _warm_plot_imports() -> None:

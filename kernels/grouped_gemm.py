@@ -222,6 +222,7 @@ def _gemm_tile_tma(
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    WARP_SPEC_K: tl.constexpr,
 ):
     """One output tile with TMA loads: ``a_desc`` covers A [M, K] in [BLOCK_M, BLOCK_K]
     boxes, ``w_desc`` covers W viewed as [E*N, K] in [BLOCK_N, BLOCK_K] boxes. A box
@@ -239,7 +240,7 @@ def _gemm_tile_tma(
     w_row = expert * N + n0
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC_K):
         a = a_desc.load([m0, k * BLOCK_K])
         b = w_desc.load([w_row, k * BLOCK_K])
         if UPCAST:
@@ -284,11 +285,15 @@ def _grouped_gemm_tma_kernel(
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
 ):
     """USE_TMA=1: the same tile mapping as ``_grouped_gemm_kernel``, host-built tensor
     descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A, W and out.
     FLATTEN (persistent only) fuses the tile loop with the K loop into one software
-    pipeline, so the next tile's loads are in flight during this tile's store."""
+    pipeline, so the next tile's loads are in flight during this tile's store.
+    WARP_SPEC hands the pipelined loop to Triton's warp specialization (loads issued by a
+    producer warp group, MMAs by the others): the tile loop of the persistent kernel, the
+    K loop of the other."""
     pid = tl.program_id(0)
     e_idx = tl.arange(0, E_PAD)
     e_mask = e_idx < E
@@ -301,18 +306,19 @@ def _grouped_gemm_tma_kernel(
     total_tiles = num_pid_m * num_pid_n
 
     if PERSISTENT:
-        for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN):
+        for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN,
+                             warp_specialize=WARP_SPEC):
             _gemm_tile_tma(
                 tile, a_desc, w_desc, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA_STORE, UPCAST, IEEE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA_STORE, UPCAST, IEEE, False,
             )  # fmt: skip
     else:
         if pid < total_tiles:
             _gemm_tile_tma(
                 pid, a_desc, w_desc, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA_STORE, UPCAST, IEEE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA_STORE, UPCAST, IEEE, WARP_SPEC,
             )  # fmt: skip
 
 
@@ -413,6 +419,7 @@ class GroupedGemm(SingleLaunch, Kernel):
         "USE_TMA": 0,
         "FLATTEN": 0,
         "TMA_STORE": 0,
+        "WARP_SPEC": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -514,6 +521,7 @@ class GroupedGemm(SingleLaunch, Kernel):
                 "PERSISTENT": persistent,
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
+                "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
                 "UPCAST": upcast,
                 "IEEE": ieee,
                 **launch_kw,
@@ -614,6 +622,11 @@ class GroupedGemm(SingleLaunch, Kernel):
         if flatten and tma_store and _FLATTEN_STORE_BROKEN and not device.interpreted:
             return (f"FLATTEN=1 with TMA_STORE=1: Triton {triton.__version__} cannot fuse the "
                     "loops around the conditional store")
+        if int(cfg["WARP_SPEC"]):
+            if not int(cfg.get("USE_TMA", 0)):
+                return "WARP_SPEC=1 needs USE_TMA=1"
+            if device.vendor != "nvidia" and not device.interpreted:
+                return f"WARP_SPEC=1: Triton warp-specializes on NVIDIA GPUs only, not {device.key}"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

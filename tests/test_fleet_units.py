@@ -268,3 +268,27 @@ def test_tasks_of_a_group_stay_on_one_worker() -> None:
     assert fl._pick(g[2]) is a
     fl.slots = [b]  # a dropped from the fleet: the group moves
     assert fl._pick(g[3]) is b and fl._pick(g[3]) is b
+
+
+def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path) -> None:
+    """An exhaustive grid's configs are known before its search: the first study hands
+    every one that passes static pruning (on the key's static spec) to a new worker to
+    compile while it starts, after the default; a sampled space gives the default only."""
+    from harness import kernel_api, spaces
+    from harness.run import _known_configs
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "matmul_grid216.yaml"
+    exp = experiment.load(path)
+    spec = experiment.plan(exp, ["H200"])[0]
+    fam = kernel_api.get("matmul")
+    known = _known_configs(exp, spec, path)
+    assert known[0] == fam.default_config
+    space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], "nvidia", "H200")
+    grid = list(spaces.points(space))
+    assert len(grid) == spaces.grid_size(space) == 216
+    ok = [c for c in grid if fam.check_config({**fam.default_config, **c}, spec.shape,
+                                               spec_for_key("H200")) is None]
+    assert known[1:] == ok and 0 < len(ok) < 216  # some do not fit the shared memory
+    for overrides in (["search.sampler=tpe"], ["search.trials=100"]):
+        exp2 = experiment.load(path, overrides)
+        assert _known_configs(exp2, experiment.plan(exp2, ["H200"])[0], path) == known[:1]

@@ -3,6 +3,7 @@ experts and ragged tails, static pruning, shape matching, and the seed shape on 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -263,6 +264,24 @@ def test_flatten_and_tma_store_match_pointer_path(
     assert torch.equal(out_new, KERNEL.launcher(fp16_inputs, shape, base)())
 
 
+@pytest.mark.parametrize("persistent", [0, 1])
+def test_warp_spec_matches_pointer_path(persistent: int, fp16_inputs: dict) -> None:
+    """WARP_SPEC only changes how the pipelined loop is scheduled: the pointer kernel's
+    bits (the interpreter runs the loop as written; the GPU test checks the real one)."""
+    shape = _shape(COUNTS, N_, K_)
+    base = {**KERNEL.default_config, "PERSISTENT": persistent}
+    out_ws = _check(fp16_inputs, shape, {**base, "USE_TMA": 1, "WARP_SPEC": 1}, "fp16").clone()
+    assert torch.equal(out_ws, KERNEL.launcher(fp16_inputs, shape, base)())
+
+
+def test_warp_spec_pruning() -> None:
+    seed = KERNEL.shapes["deepseek-v3-16b"]
+    assert KERNEL.check_config({"USE_TMA": 1, "WARP_SPEC": 1}, seed, H100) is None
+    assert "USE_TMA" in KERNEL.check_config({"WARP_SPEC": 1}, seed, H100)
+    assert "NVIDIA" in KERNEL.check_config({"USE_TMA": 1, "WARP_SPEC": 1}, seed,
+                                           dataclasses.replace(MI300, has_tma=True))
+
+
 def test_flatten_and_tma_store_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
     tma = {"USE_TMA": 1, "PERSISTENT": 1}
@@ -399,7 +418,8 @@ def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("extra", [{}, {"FLATTEN": 1}, {"TMA_STORE": 1}], ids=str)
+@pytest.mark.parametrize("extra", [{}, {"FLATTEN": 1}, {"TMA_STORE": 1}, {"WARP_SPEC": 1},
+                                   {"WARP_SPEC": 1, "PERSISTENT": 0}], ids=str)
 def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> None:
     counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
     shape = _shape(counts, 1408, 2048)

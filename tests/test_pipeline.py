@@ -64,6 +64,7 @@ def test_run_end_to_end(tmp_path):
     # The wall counts the process's imports; the worker's start-up is broken down by step.
     line = out["timeline_s"]
     assert 0 < line["run_called"] < line["ray_connected"] < line["done"] <= out["wall_s"] + 0.01
+    assert line["run_called"] < line["validated"] < line["workers_ready"]
     start = out["worker_startup_s"]["cpu"]
     assert {"import_torch", "device", "total_in_init", "launch_to_ready"} <= set(start)
     assert start["launch_to_ready"] >= start["total_in_init"] > 0
@@ -115,3 +116,25 @@ def test_run_end_to_end(tmp_path):
     assert all("BLOCK_M" in t.data.params and "latency_ms" in t.data.metrics for t in trials)
     artifacts = [a.path for a in client.list_artifacts(parent.info.run_id, "packs")]
     assert artifacts == ["packs/grouped_gemm.json"]
+
+
+def test_a_file_that_fails_its_kernel_checks_while_ray_starts_writes_nothing(tmp_path):
+    """The checks that import the kernel run while Ray starts: a file that fails them
+    (here a shape without the family's dims) exits 2 naming the field, with no MLflow
+    store, runs folder or pack written and no Ray left behind."""
+    path = _experiment(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["shapes"] = [{"M": 64, "N": 64}]
+    path.write_text(yaml.safe_dump(data))
+    before = _gcs_pids()
+    proc = _cli("run", str(path), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "shapes[0]" in proc.stderr and "missing ['K', 'E']" in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "packs").exists()
+    assert _gcs_pids() <= before, "a Ray started for the failed run is still running"
+
+
+def _gcs_pids() -> set[str]:
+    ps = subprocess.run(["pgrep", "-f", "gcs_server"], capture_output=True, text=True)
+    return set(ps.stdout.split())
