@@ -55,7 +55,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from harness.experiment import ExperimentError, load
 
     try:
-        load(args.experiment, args.set or ())  # validate before importing Ray and friends
+        # The file's form, before importing Ray and friends; the checks that import the
+        # kernel family (torch: seconds) run in ``run`` while Ray starts.
+        load(args.experiment, args.set or (), semantics=False)
     except ExperimentError as exc:
         console.print(f"[bold red]error:[/] {exc}")
         return EXIT_BAD_INPUT
@@ -68,6 +70,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         summary = run(args.experiment, resume=args.resume, console=console,
                       progress=not (args.quiet or args.json), overrides=args.set or (),
                       started_at=harness.IMPORTED_AT, stop_own_ray=True)
+    except ExperimentError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return EXIT_BAD_INPUT
     except NoHardwareError as exc:
         console.print(f"[bold red]error:[/] {_redact(str(exc))}", markup=True)
         return EXIT_NO_HARDWARE

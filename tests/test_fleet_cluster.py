@@ -389,25 +389,30 @@ def test_queued_configs_compile_ahead_in_child_processes(cl, events, tmp_path: P
     assert loaded >= len(trials) - 1, log
 
 
-def test_a_new_worker_compiles_the_default_config_while_it_starts(cl, events,
-                                                                  tmp_path: Path) -> None:
-    """The first study's default config is known before the search: a new worker builds
-    that problem's inputs and sends the config to its compile child in its start-up, so
-    the GPU does not wait for that compile once the worker is ready."""
+def test_a_new_worker_compiles_the_known_configs_while_it_starts(cl, events,
+                                                                tmp_path: Path) -> None:
+    """The first study's default config, and every config of its exhaustive grid, are
+    known before the search: a new worker builds that problem's inputs and sends them to
+    its compile child in its start-up, so the GPU does not wait for those compiles once
+    the worker is ready. Each is compiled once, in the child, before its launch."""
     path = _experiment(tmp_path, name="first", hardware=["H200"],
                        search={"sampler": "grid", "trials": 2, "warm_start": False,
                                "remeasure_top_k": 0},
                        search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [10, 20]}},
                        fleet={"queue_depth": 2, "compile_workers": 1})
     summary, _ = _run(path)
-    default = Faulty.default_config
     log = read_events(events)
-    compiled = [e for e in log if e["event"] == "compile" and e["config"] == default]
-    launched = [e for e in log if e["event"] == "launch" and e["config"] == default]
-    assert len(compiled) == 1 and launched, log  # compiled once, ahead, then run
-    assert compiled[0]["pid"] != launched[0]["pid"] and compiled[0]["t"] <= launched[0]["t"]
+    grid = [{**Faulty.default_config, "FAULT": "none", "SLEEP_MS": ms} for ms in (10, 20)]
+    for config in [Faulty.default_config, *grid]:
+        compiled = [e for e in log if e["event"] == "compile"
+                    and {**Faulty.default_config, **e["config"]} == config]
+        launched = [e for e in log if e["event"] == "launch"
+                    and {**Faulty.default_config, **e["config"]} == config]
+        assert len(compiled) == 1 and launched, (config, log)  # compiled once, ahead
+        assert compiled[0]["pid"] != launched[0]["pid"]
+        assert compiled[0]["t"] <= launched[0]["t"]
     start = summary.worker_startup["H200"]
-    assert "first_problem" in start and start["compiles_sent"] == 1  # before "ready"
+    assert "first_problem" in start and start["compiles_sent"] == 3  # before "ready"
     (row,) = summary.rows
     assert row["default_latency_ms"] > 0 and row["counts"]["measured"] == 2
 
@@ -426,12 +431,13 @@ def test_remeasurement_of_a_study_runs_on_one_gpu(cl, events, tmp_path: Path) ->
     (row,) = summary.rows
     assert row["params"]["SLEEP_MS"] == 0 and row["remeasure_candidates"] == 2
     launches = [e for e in read_events(events) if e["event"] == "launch"]
-    trial_pids = {e["pid"] for e in launches[:-18]}
+    trial_pids = {e["pid"] for e in launches[:-12]}
     assert len(trial_pids) == 2  # the search used both workers
-    # The last 18 launches: 2 candidates x 3 rounds x (1 check + 2 timed runs on the CPU).
-    tail = launches[-18:]
+    # The last 12 launches: 2 candidates x 3 rounds x 2 timed runs on the CPU (the checked
+    # output is the last timed run's: no separate first call).
+    tail = launches[-12:]
     assert len({e["pid"] for e in tail}) == 1, [(e["pid"], e["config"]["SLEEP_MS"]) for e in tail]
-    assert [e["config"]["SLEEP_MS"] for e in tail[::3]] == [0, 30] * 3
+    assert [e["config"]["SLEEP_MS"] for e in tail[::2]] == [0, 30] * 3
 
 
 def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(
@@ -509,7 +515,7 @@ def test_kept_workers_serve_the_next_run_and_leave_when_idle(cl, events, tmp_pat
 def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events,
                                                                tmp_path: Path) -> None:
     """A kept worker leased by the next run builds that run's first problem and sends its
-    default config to compile before the lease returns, as a new worker does at start."""
+    known configs to compile before the lease returns, as a new worker does at start."""
     from ray.util import list_named_actors
 
     from harness.fleet import KEPT_NS
@@ -524,7 +530,8 @@ def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events,
     start = second.worker_startup["H200"]
     # It describes this lease, not the worker's start-up in the first run.
     assert "import_torch" not in start and "first_problem" in start, start
-    assert start["compiles_sent"] == 1
+    # The default (SLEEP_MS 0, one of the grid's two configs) and the grid's other one.
+    assert start["compiles_sent"] == 2
     assert second.rows[0]["default_latency_ms"] > 0
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(
