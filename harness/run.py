@@ -31,7 +31,7 @@ from harness.kernel_api import DeviceSpec
 from harness.measure import Timing, TrialResult
 from harness.packs import format as packfmt
 from harness.search import ATTR_RESULT, ATTR_STATUS, Search, make_storage, storage_url
-from harness.track import Tracker, git_sha, trial_metrics
+from harness.track import Tracker, TrialLogger, git_sha, log_trial_record, start_trial_logger
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 #: 1980 MHz), and in one of four runs of the 8192^3 grid (2026-11-23, session 8) the config
 #: the other three chose was fifth by its search time, 16 % behind, and never re-measured.
 AUTO_TOP_K = 5
+
+#: How long the end of a run waits for the MLflow logger to catch up.
+LOGGER_FLUSH_S = 300.0
 
 #: The most configs of an exhaustive grid that a new worker is given to compile while it
 #: starts (``_known_configs``).
@@ -138,8 +141,8 @@ def _missing_message(key: str, available: dict[str, int], unlabelled: int,
 
 
 class _Background:
-    """MLflow calls made during the search, run in order on one thread, so that the
-    driver keeps the workers fed while MLflow commits (a trial run is several commits)."""
+    """Calls run in order on one thread of the driver (the MLflow logger's stand-in where
+    no Ray actor could be started for it)."""
 
     def __init__(self) -> None:
         self._q: queue.Queue = queue.Queue()
@@ -172,40 +175,64 @@ class _Background:
         self._thread.join()
 
 
-def _append(trial_log: Path, record: dict[str, Any]) -> None:
-    with open(trial_log, "a") as f:
-        f.write(json.dumps(record) + "\n")
+class _Logs:
+    """Where the search's MLflow logging goes, in order and off the driver's loop: a
+    ``TrialLogger`` in a process of its own (``track.start_trial_logger``), or, where
+    that actor cannot be started, one sharing the driver's Tracker on a thread."""
+
+    def __init__(self, tracker: Tracker, experiment_name: str) -> None:
+        self._actor: Any = None
+        self._bg: _Background | None = None
+        try:
+            self._actor = start_trial_logger(tracker.uri, experiment_name)
+        except Exception as exc:
+            log.warning("MLflow logger process unavailable (%s): logging on a thread", exc)
+            self._local = TrialLogger.sharing(tracker)
+            self._bg = _Background()
+
+    def trial(self, trial_log: Path, rec: dict[str, Any]) -> None:
+        if self._actor is not None:
+            self._actor.trial.remote(str(trial_log), rec)
+        else:
+            self._bg.call(self._local.trial, str(trial_log), rec)  # type: ignore[union-attr]
+
+    def log(self, run_id: str, params: dict[str, Any] | None = None,
+            metrics: dict[str, Any] | None = None) -> None:
+        if self._actor is not None:
+            self._actor.log.remote(run_id, params=params, metrics=metrics)
+        else:
+            self._bg.call(self._local.log, run_id, params=params,  # type: ignore[union-attr]
+                          metrics=metrics)
+
+    def flush(self) -> list[str]:
+        """Wait until every call so far has run; the errors they met."""
+        if self._actor is None:
+            self._bg.flush()  # type: ignore[union-attr]
+            return self._local.errors + self._bg.errors  # type: ignore[union-attr]
+        try:
+            return ray.get(self._actor.flush.remote(), timeout=LOGGER_FLUSH_S)
+        except Exception as exc:  # the logger died or hangs: its trials are reconciled
+            return [f"the MLflow logger was lost: {type(exc).__name__}: {exc}"[:300]]
+
+    def close(self) -> None:
+        if self._actor is not None:
+            ray.kill(self._actor)
+        else:
+            self._bg.close()  # type: ignore[union-attr]
 
 
-def _log_trial(tracker: Tracker, trial_log: Path, st: StudyState, number: int,
-               config: dict[str, Any], result: dict[str, Any], status: str,
-               run_id: str | None = None) -> None:
-    """The trial's MLflow run (the layout of ``Tracker.log_trial``), recorded in
-    ``trial_log`` as soon as it exists and again once complete: a resumed run completes
-    a half-logged trial in its own run instead of logging it twice."""
-    key = {"study": st.spec.name, "trial": number}
-    if run_id is None:
-        tags = {"harness.level": "trial", "harness.status": status, "harness.trial": str(number)}
-        if result.get("reason"):
-            tags["harness.failure_reason"] = str(result["reason"])[:5000]
-        node = (result.get("extra") or {}).get("node_id")
-        if node:
-            tags["harness.node_id"] = str(node)
-        w = st.worker
-        tags.update({"hardware": st.spec.hardware, "kernel": st.spec.kernel,
+def _trial_record(st: StudyState, number: int, config: dict[str, Any],
+                  result: dict[str, Any], status: str, run: str | None = None
+                  ) -> dict[str, Any]:
+    """What ``track.log_trial_record`` logs of one trial: plain data, sent to the
+    logger's process."""
+    w = st.worker
+    return {"study": st.spec.name, "study_run": st.run_id, "number": number,
+            "config": config, "result": result, "status": status, "run": run,
+            "tags": {"hardware": st.spec.hardware, "kernel": st.spec.kernel,
                      "shape": st.spec.shape_key, "git_sha": git_sha(),
                      "triton": w.get("triton", ""), "torch": w.get("torch", ""),
-                     "cuda": w.get("cuda", "")})
-        run_id = tracker.start_run(f"trial-{number}", tags, parent=st.run_id)
-        _append(trial_log, {**key, "run": run_id})
-    else:
-        tracker.start_run(f"trial-{number}", {}, resume=run_id)
-    tracker.log(run_id, params=config, metrics=trial_metrics(result, status))
-    tracker.finish(run_id, ok=status != "failed")
-    if status == "measured":
-        tracker.log(st.run_id, metrics={"trial_latency_ms": result.get("latency_ms")},
-                    step=number)
-    _append(trial_log, {**key, "run": run_id, "done": True})
+                     "cuda": w.get("cuda", "")}}
 
 
 def _logged(trial_log: Path) -> dict[tuple[str, int], dict[str, Any]] | None:
@@ -236,9 +263,9 @@ def _reconcile(st: StudyState, tracker: Tracker, trial_log: Path,
         rec = logged.get((st.spec.name, t.number))
         if rec is not None and rec["done"]:
             continue
-        _log_trial(tracker, trial_log, st, t.number, dict(t.params),
-                   dict(t.user_attrs.get(ATTR_RESULT) or {}), status,
-                   run_id=rec["run"] if rec else None)
+        log_trial_record(tracker, trial_log, _trial_record(
+            st, t.number, dict(t.params), dict(t.user_attrs.get(ATTR_RESULT) or {}), status,
+            run=rec["run"] if rec else None))
         n += 1
     return n
 
@@ -290,7 +317,7 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
                   keep_s=keep_s, version=_code_version(exp) if keep_s else "")
     stopping: list[threading.Thread] = []
 
-    def release() -> None:
+    def stop_ray() -> None:
         fleet.shutdown()
         if stop_own_ray and where == "local" and not stopping:
             # Stopping Ray's processes takes ~1.5 s: meanwhile the packs are frozen.
@@ -298,9 +325,9 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
             stopping[0].start()
 
     try:
-        _run(exp, path, resume, console, progress, fleet, summary, tracker_f, release)
+        _run(exp, path, resume, console, progress, fleet, summary, tracker_f, stop_ray)
     finally:
-        release()
+        stop_ray()
         for thread in stopping:
             thread.join()
     summary.wall_s = time.monotonic() - t_start
@@ -381,6 +408,8 @@ def _known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
 def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Console,
          progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future,
          release: Callable[[], None]) -> None:
+    """The run's steps once Ray is up; ``release`` gives the GPUs back and stops a Ray
+    this run started."""
     targets, available = _targets(exp, fleet, console, summary)
     planned = experiment.plan(exp, targets)
     # Each key's first study and the configs it is known to measure: prepared and
@@ -396,6 +425,8 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
             _drop_study(url, spec.name)
     tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
+    # The search's MLflow logger starts (its own process: seconds) while the workers do.
+    logs = _Logs(tracker, exp.tracking.experiment or exp.name)
     summary.mark("tracking_ready")
     targets, infos = _started(targets, fleet, console, summary)
     summary.mark("workers_ready")
@@ -477,16 +508,16 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
                               f"{len(search.interrupted)} interrupted configs queued again, "
                               f"{relogged} trial runs logged to MLflow")
 
-    bg = _Background()
     summary.mark("search_started")
     try:
-        _search_loop(exp, fleet, studies, tracker, bg, trial_log, console, progress)
+        _search_loop(exp, fleet, studies, logs, trial_log, console, progress)
         _remeasure_top(exp, fleet, studies, console)
     finally:
         summary.mark("search_done")
-        release()  # the GPUs go back now, not after MLflow has caught up
-        bg.flush()
-        bg.close()
+        fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
+        log_errors = logs.flush()
+        logs.close()
+        release()  # Ray itself, where this run started it and stops it
         summary.mark("mlflow_caught_up")
     summary.busy_s = dict(fleet.busy_s)
     summary.held_s = fleet.held_s()
@@ -500,7 +531,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
                       "built them: the worker and its children use different Triton caches[/]")
     summary.replaced, summary.retried = fleet.replaced, fleet.retried
     summary.reused = fleet.reused
-    summary.events = list(fleet.events) + [f"MLflow: {e}" for e in bg.errors[:5]]
+    summary.events = list(fleet.events) + [f"MLflow: {e}" for e in log_errors[:5]]
     tracker.log(summary.parent_run_id, metrics={
         "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
         "timing_fraction": summary.timing_fraction, "workers_replaced": fleet.replaced,
@@ -609,8 +640,8 @@ def _drop_study(storage: str, name: str) -> None:
         pass
 
 
-def _search_loop(exp, fleet: Fleet, studies: list[StudyState], tracker: Tracker,
-                 bg: _Background, trial_log: Path, console: Console, show: bool) -> None:
+def _search_loop(exp, fleet: Fleet, studies: list[StudyState], logs: _Logs,
+                 trial_log: Path, console: Console, show: bool) -> None:
     deadline = (time.monotonic() + exp.search.timeout_s) if exp.search.timeout_s else math.inf
     by_hw: dict[str, list[StudyState]] = {}
     for st in studies:
@@ -648,7 +679,7 @@ def _search_loop(exp, fleet: Fleet, studies: list[StudyState], tracker: Tracker,
                     hw in exhausted or not fleet.workers(hw) for hw in by_hw)):
                 break
             for task, result in fleet.poll(0.5):
-                _handle(task, result, tracker, bg, trial_log)
+                _handle(task, result, logs, trial_log)
                 refresh(task.hardware)
         for hw in by_hw:
             refresh(hw)
@@ -754,8 +785,7 @@ def _study_task(st: StudyState, hw: str) -> Task | None:
                 ("trial", st, trial, config))
 
 
-def _handle(task: Task, result: TrialResult, tracker: Tracker, bg: _Background,
-            trial_log: Path) -> None:
+def _handle(task: Task, result: TrialResult, logs: _Logs, trial_log: Path) -> None:
     kind, st = task.tag[0], task.tag[1]
     if isinstance(st, str):
         return  # a baseline sent before its study was set up, which then was not
@@ -763,8 +793,8 @@ def _handle(task: Task, result: TrialResult, tracker: Tracker, bg: _Background,
         st.pending.discard(kind)
         setattr(st, "compiled" if kind == "compile" else kind, result.to_dict())
         st.search.set_attr(kind, result.to_dict())
-        bg.call(tracker.log, st.run_id, metrics={f"{kind}_latency_ms": result.latency_ms},
-                params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
+        logs.log(st.run_id, metrics={f"{kind}_latency_ms": result.latency_ms},
+                 params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
         return
     _, st, trial, config = task.tag
     if kind == "cheap":
@@ -773,8 +803,8 @@ def _handle(task: Task, result: TrialResult, tracker: Tracker, bg: _Background,
             return
         if result.ok:  # cut by the pruner after its cheap pass
             st.in_flight -= 1
-            bg.call(_log_trial, tracker, trial_log, st, trial.number, dict(config),
-                    result.to_dict(), "cut")
+            logs.trial(trial_log, _trial_record(st, trial.number, dict(config),
+                                                result.to_dict(), "cut"))
             return
     else:
         st.search.tell(trial, config, result)  # Optuna first: it is what --resume trusts
@@ -784,8 +814,8 @@ def _handle(task: Task, result: TrialResult, tracker: Tracker, bg: _Background,
         st.best_ms = min(st.best_ms, result.latency_ms)
     else:
         st.failures += 1
-    bg.call(_log_trial, tracker, trial_log, st, trial.number, dict(config), result.to_dict(),
-            status)
+    logs.trial(trial_log, _trial_record(st, trial.number, dict(config), result.to_dict(),
+                                        status))
 
 
 def _speedup(base: Any, new: Any) -> float:

@@ -11,6 +11,7 @@ Run layout (one scheme, so that the UI's comparison views line up):
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import subprocess
@@ -146,6 +147,102 @@ class Tracker:
 
     def finish(self, run_id: str, ok: bool = True) -> None:
         self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+
+
+def absolute_uri(uri: str) -> str:
+    """``uri`` with a relative SQLite path made absolute (against this process's working
+    directory), so that another process on this machine opens the same file."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def log_trial_record(tracker: Tracker, trial_log: str | Path, rec: Mapping[str, Any]) -> str:
+    """One trial's MLflow run (the layout of ``Tracker.log_trial``) from a plain record
+    (``study``, ``study_run``, ``number``, ``config``, ``result``, ``status``, ``tags``,
+    ``run``: a run to complete, or None), noted in the ``trial_log`` file as soon as it
+    exists and again once complete: a resumed experiment completes a half-logged trial
+    in its own run instead of logging it twice. Returns the run's id."""
+    key = {"study": rec["study"], "trial": rec["number"]}
+    result, status, number = rec["result"], rec["status"], rec["number"]
+    run_id = rec.get("run")
+    if run_id is None:
+        tags = {"harness.level": "trial", "harness.status": status, "harness.trial": str(number)}
+        if result.get("reason"):
+            tags["harness.failure_reason"] = str(result["reason"])[:5000]
+        node = (result.get("extra") or {}).get("node_id")
+        if node:
+            tags["harness.node_id"] = str(node)
+        tags.update(rec.get("tags") or {})
+        run_id = tracker.start_run(f"trial-{number}", tags, parent=rec["study_run"])
+        _append(trial_log, {**key, "run": run_id})
+    else:
+        tracker.start_run(f"trial-{number}", {}, resume=run_id)
+    tracker.log(run_id, params=rec["config"], metrics=trial_metrics(result, status))
+    tracker.finish(run_id, ok=status != "failed")
+    if status == "measured":
+        tracker.log(rec["study_run"], metrics={"trial_latency_ms": result.get("latency_ms")},
+                    step=number)
+    _append(trial_log, {**key, "run": run_id, "done": True})
+    return run_id
+
+
+def _append(trial_log: str | Path, record: Mapping[str, Any]) -> None:
+    with open(trial_log, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class TrialLogger:
+    """The search's MLflow logging (a run per trial, the baselines' metrics), done in
+    order by a process of its own: ``start_trial_logger`` runs it as a Ray actor on the
+    driver's machine. A study logs hundreds of trials, each several SQLite commits of
+    Python work; on a thread of the driver they held its GIL while it fed the GPUs
+    (the driver fell behind a GPU timing a config every ~45 ms). A failed call is noted,
+    never raised: tracking must not stop the tuning."""
+
+    def __init__(self, uri: str, experiment: str):
+        self.tracker = Tracker(uri, experiment)
+        self.errors: list[str] = []
+
+    @classmethod
+    def sharing(cls, tracker: Tracker) -> TrialLogger:
+        """One that logs through an existing Tracker (in the driver's process)."""
+        self = cls.__new__(cls)
+        self.tracker, self.errors = tracker, []
+        return self
+
+    def trial(self, trial_log: str, rec: Mapping[str, Any]) -> None:
+        self._do(log_trial_record, self.tracker, trial_log, rec)
+
+    def log(self, run_id: str, params: Mapping[str, Any] | None = None,
+            metrics: Mapping[str, Any] | None = None) -> None:
+        self._do(self.tracker.log, run_id, params=params, metrics=metrics)
+
+    def _do(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def flush(self) -> list[str]:
+        """The errors so far (called after every earlier call has run)."""
+        return list(self.errors)
+
+
+def start_trial_logger(uri: str, experiment: str) -> Any:
+    """A ``TrialLogger`` as a Ray actor on this (the driver's) node: it opens the same
+    store (a relative SQLite path made absolute) and, like the GPU workers, sees the
+    node's environment (MLflow credentials are not passed in its arguments, which Ray
+    records). Its calls run in the order they are made."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return ray.remote(TrialLogger).options(
+        num_cpus=0, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+    ).remote(absolute_uri(uri), experiment)
 
 
 def read_runs(uri: str, parent_run_id: str) -> dict[str, Any]:

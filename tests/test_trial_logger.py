@@ -1,0 +1,92 @@
+"""The search's MLflow logging away from the driver: a TrialLogger Ray actor (real local
+Ray, real MLflow on SQLite) logs trial runs in order into the driver's store, and the
+thread stand-in does the same where no actor can start."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+
+from harness import run as run_mod
+from harness import track
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _record(study_run: str, number: int, status: str = "measured") -> dict:
+    result = {"latency_ms": 1.0 + number, "max_abs_err": 1e-3, "extra": {"node_id": "n1"}}
+    if status == "failed":
+        result = {"reason": "compile error: boom", "extra": {}}
+    return {"study": "s", "study_run": study_run, "number": number, "status": status,
+            "config": {"BLOCK": 64 * (number + 1)}, "result": result, "run": None,
+            "tags": {"hardware": "H200", "kernel": "k"}}
+
+
+@pytest.mark.parametrize("actor", [True, False], ids=["actor", "thread"])
+def test_trials_are_logged_in_order_into_the_drivers_store(local_ray, tmp_path, monkeypatch,
+                                                           actor):
+    monkeypatch.chdir(tmp_path)  # the relative store path resolves against the driver's cwd
+    if not actor:
+        def refuse(*a, **k):
+            raise RuntimeError("no actor here")
+        monkeypatch.setattr(run_mod, "start_trial_logger", refuse)
+    # A relative path, as the default store is (MLflow caches a store per URI string in
+    # a process: one name per case).
+    db = f"mlflow-{actor}.db"
+    tracker = track.Tracker(f"sqlite:///{db}", "logger-test")
+    study_run = tracker.start_run("study", {"harness.level": "study"})
+    logs = run_mod._Logs(tracker, "logger-test")
+    assert (logs._actor is not None) == actor
+    trial_log = tmp_path / "trials.jsonl"
+    for n in range(4):
+        logs.trial(trial_log, _record(study_run, n, "failed" if n == 2 else "measured"))
+    logs.log(study_run, metrics={"eager_latency_ms": 3.5}, params={"eager_status": "ok"})
+    assert logs.flush() == []
+    logs.close()
+    client = MlflowClient(f"sqlite:///{tmp_path / db}")
+    runs = client.search_runs([tracker.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{study_run}'")
+    by_trial = {int(r.data.tags["harness.trial"]): r for r in runs}
+    assert sorted(by_trial) == [0, 1, 2, 3]
+    assert by_trial[2].info.status == "FAILED" and by_trial[1].info.status == "FINISHED"
+    assert by_trial[2].data.tags["harness.failure_reason"] == "compile error: boom"
+    assert by_trial[3].data.params["BLOCK"] == "256" and by_trial[0].data.tags["hardware"] == "H200"
+    history = client.get_metric_history(study_run, "trial_latency_ms")
+    assert [m.step for m in history] == [0, 1, 3]  # in order; the failed trial has none
+    assert client.get_run(study_run).data.metrics["eager_latency_ms"] == 3.5
+    lines = [json.loads(x) for x in trial_log.read_text().splitlines()]
+    assert [x["trial"] for x in lines if x.get("done")] == [0, 1, 2, 3]
+
+
+def test_a_logger_that_fails_reports_it(local_ray, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tracker = track.Tracker("sqlite:///mlflow-fail.db", "logger-fail")
+    logs = run_mod._Logs(tracker, "logger-fail")
+    logs.log("no-such-run", metrics={"x": 1.0})
+    errors = logs.flush()
+    logs.close()
+    assert len(errors) == 1 and "no-such-run" in errors[0]
+
+
+def test_absolute_uri(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert track.absolute_uri("sqlite:///m.db") == f"sqlite:///{tmp_path / 'm.db'}"
+    assert track.absolute_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+    assert track.absolute_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert Path(track.absolute_uri("sqlite:///x/../m.db")[len("sqlite:///"):]).is_absolute()
