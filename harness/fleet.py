@@ -356,18 +356,21 @@ class Worker:
 
         ctx = ray.get_runtime_context()
         gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
-        # The compile children start first, so that their start-up overlaps this
-        # process's own (importing torch alone takes ~4 s): a worker given a GPU by Ray
-        # compiles ahead; one without runs Triton's interpreter and only does so when
-        # forced (the plumbing's tests).
+        # The compile children's server starts on a thread while this process imports
+        # torch (each import takes ~3 s; in turn they took 6 s of every start on an
+        # H200 box): a worker given a GPU by Ray compiles ahead; one without runs
+        # Triton's interpreter and only does so when forced (the plumbing's tests).
         pin_triton_cache_dir()
         if compile_workers == "auto":
             compile_workers = _auto_compile_workers()
         self.pre: Precompiler | None = None
         warm: threading.Thread | None = None
+        pool: threading.Thread | None = None
         if gpu_ids and _gpu_device_nodes():
-            self._start_precompiler(int(compile_workers), True)
-            step("compile_pool")
+            pool = threading.Thread(target=self._start_precompiler,
+                                    args=(int(compile_workers), True),
+                                    name="harness-compile-pool", daemon=True)
+            pool.start()
             warm = threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True)
             warm.start()
         import torch
@@ -378,6 +381,9 @@ class Worker:
             # Before any kernel module is imported, so its @triton.jit is interpreted
             # (and before compile children are started, which inherit it).
             os.environ["TRITON_INTERPRET"] = "1"
+        if pool is not None:
+            pool.join()  # the rest hands it configs
+            step("compile_pool")
         self._start_precompiler(int(compile_workers), torch.cuda.is_available())
         self.expected = hardware_key
         self.spec = hardware.current_device()

@@ -30,7 +30,7 @@ from harness.hardware import spec_for_key
 from harness.kernel_api import DeviceSpec
 from harness.measure import Timing, TrialResult
 from harness.packs import format as packfmt
-from harness.search import ATTR_RESULT, ATTR_STATUS, Search, make_storage, storage_url
+from harness.search import ATTR_RESULT, ATTR_STATUS, Search, grid_order, make_storage, storage_url
 from harness.track import Tracker, TrialLogger, git_sha, log_trial_record, start_trial_logger
 
 log = logging.getLogger(__name__)
@@ -399,7 +399,7 @@ def _known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
                            spec.hardware, where=str(path))
     if spaces.grid_size(space) > min(exp.search.trials, MAX_KNOWN):
         return out  # a sample of the grid: which configs is the sampler's choice
-    for config in spaces.points(space):
+    for config in grid_order(space, exp.seed):  # the order the search will ask them in
         if fam.check_config({**fam.default_config, **config}, spec.shape, device) is None:
             out.append(config)
     return out
