@@ -718,7 +718,10 @@ class Worker:
         compiling = self.pre.pending(problem, config)
         key = (problem, _config_key(config))
         with self._load_lock:
-            if inputs is None or compiling is None or key in self._loads:
+            # Only a config whose compile is done: the one loading thread must never wait
+            # on a compile (it held up every later load: 3-4 s of GPU idle at an H200
+            # run's start, when the oldest task's config was still compiling).
+            if inputs is None or compiling is None or not compiling.done() or key in self._loads:
                 return
             while len(self._loads) > 8:  # never collected (the task was requeued elsewhere)
                 self._loads.pop(next(iter(self._loads)))

@@ -387,19 +387,25 @@ def _first_studies(specs: list[experiment.StudySpec]) -> dict[str, experiment.St
 def _known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
                    path: str | Path) -> list[dict[str, Any]]:
     """The configs a study is known to measure before its search starts: the kernel's
-    default (a baseline) and, for an exhaustive grid, every config that passes static
-    pruning on the hardware key's static spec (the worker's own device prunes again; a
-    config compiled ahead in vain costs a compile child's time, not the GPU's)."""
+    default (a baseline), the packs' winners it starts from (``search.seed_from_packs``)
+    and, for an exhaustive grid, every config that passes static pruning on the hardware
+    key's static spec (the worker's own device prunes again; a config compiled ahead in
+    vain costs a compile child's time, not the GPU's)."""
     fam = kernel_api.get(spec.kernel)
-    out = [dict(fam.default_config)]
-    if exp.search.sampler != "grid":
-        return out
     device = spec_for_key(spec.hardware)
     space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], device.vendor,
                            spec.hardware, where=str(path))
-    if spaces.grid_size(space) > min(exp.search.trials, MAX_KNOWN):
-        return out  # a sample of the grid: which configs is the sampler's choice
-    for config in grid_order(space, exp.seed):  # the order the search will ask them in
+    # The search asks first for the configs it enqueues (the winners of packs), then
+    # for the grid in its sampler's order: compiled in that order, what is timed first
+    # is compiled first.
+    out = [dict(fam.default_config)]
+    if exp.search.seed_from_packs:
+        out += [dict(c) for c, _ in warmstart.seeds_from_packs(
+            exp.output.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
+    if exp.search.sampler != "grid" or spaces.grid_size(space) > min(exp.search.trials,
+                                                                      MAX_KNOWN):
+        return out  # the sampler's choices are not known ahead
+    for config in grid_order(space, exp.seed):
         if fam.check_config({**fam.default_config, **config}, spec.shape, device) is None:
             out.append(config)
     return out

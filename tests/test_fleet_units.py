@@ -278,7 +278,8 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path) -> 
     from harness.run import _known_configs
 
     path = Path(__file__).resolve().parents[1] / "configs" / "matmul_grid216.yaml"
-    exp = experiment.load(path)
+    packs = tmp_path / "packs"
+    exp = experiment.load(path, [f"output.packs_dir={packs}"])
     spec = experiment.plan(exp, ["H200"])[0]
     fam = kernel_api.get("matmul")
     known = _known_configs(exp, spec, path)
@@ -302,5 +303,14 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path) -> 
         search.tell(trial, config, TrialResult(ok=True, latency_ms=1.0))
     assert asked == known[1:21]
     for overrides in (["search.sampler=tpe"], ["search.trials=100"]):
-        exp2 = experiment.load(path, overrides)
+        exp2 = experiment.load(path, [f"output.packs_dir={packs}", *overrides])
         assert _known_configs(exp2, experiment.plan(exp2, ["H200"])[0], path) == known[:1]
+    # A pack's winner for this shape is enqueued first by the search: compiled first too.
+    from harness.packs import format as packfmt
+
+    seed = {**known[7]}
+    packfmt.freeze(packs, "H200", "matmul", "bf16", {fam.shape_key(spec.shape): {
+        "config": {**fam.default_config, **seed}, "metrics": {"latency_ms": 1.0},
+        "provenance": {}}})
+    with_seed = _known_configs(exp, spec, path)
+    assert with_seed[1] == {k: seed[k] for k in space} and len(with_seed) == len(known) + 1
