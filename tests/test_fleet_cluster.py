@@ -491,7 +491,7 @@ def test_kept_workers_serve_the_next_run_and_leave_when_idle(cl, events, tmp_pat
 
     fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2},
                   search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10]}},
-                  fleet={"compile_workers": 0, "keep_workers_s": 6})
+                  fleet={"compile_workers": 0, "keep_workers_s": 10})
     assert kept() == []
     first, _ = _run(_experiment(tmp_path, name="keep1", **fields))
     assert first.reused == 0 and len(kept()) == 1
@@ -523,7 +523,7 @@ def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events,
     fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2,
                                              "remeasure_top_k": 0},
                   search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10]}},
-                  fleet={"compile_workers": 1, "keep_workers_s": 4, "queue_depth": 2})
+                  fleet={"compile_workers": 1, "keep_workers_s": 8, "queue_depth": 2})
     first, _ = _run(_experiment(tmp_path, name="lease1", **fields))
     second, _ = _run(_experiment(tmp_path, name="lease2", shapes=[{"N": 512}], **fields))
     assert first.reused == 0 and second.reused == 1
