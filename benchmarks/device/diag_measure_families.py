@@ -11,7 +11,7 @@ import torch
 
 from harness.kernel_api import get
 from harness.measure import Measurer, Timing
-from harness.packs import lookup
+from harness.packs.lookup import lookup
 
 CASES = [("matmul", "bf16", None), ("grouped_gemm", "bf16", "deepseek-v3-16b"),
          ("minigpt_block", "fp32", None), ("mamba2_ssd", "bf16", None),
@@ -24,7 +24,7 @@ def main() -> None:
         fam = get(name)
         shapes = {k: v for k, v in fam.shapes.items() if k != "test"}
         shape = shapes[shape_name] if shape_name else next(iter(shapes.values()))
-        config = dict(lookup.lookup(name, dtype, **shape))  # the pack's, else the default
+        config = dict(lookup(name, dtype, **shape))  # the pack's, else the default
         fn = fam.launcher(fam.make_inputs(shape, dtype, 0, "cuda"), shape, config)
         res = m.measure(fam, shape, dtype, config, seed=0)
         print(f"{name:15s} {dtype} named_out={hasattr(fn, 'out')} ok={res.ok} "
