@@ -1,4 +1,5 @@
-"""Session 8's grid runs as one table, from the committed raw files.
+"""The 216-config grid runs of device sessions (8 and later) as one table, from the
+committed raw files.
 
     python3 benchmarks/device/analyse_session8.py \
         benchmarks/results/H200/2026-11-23-session8-call{1,2}
