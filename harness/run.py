@@ -44,9 +44,10 @@ AUTO_TOP_K = 5
 #: How long the end of a run waits for the MLflow logger to catch up.
 LOGGER_FLUSH_S = 300.0
 
-#: The most configs of an exhaustive grid that a new worker is given to compile while it
-#: starts (``_known_configs``).
-MAX_KNOWN = 1024
+#: The most configs a new worker is given to compile while it starts (``_known_configs``):
+#: the first of a larger grid, in the order they will be asked for. Well under what the
+#: compile-ahead keeps track of (``Precompiler.MAX_PENDING``), which forgets the oldest.
+MAX_KNOWN = 512
 
 
 @dataclass
@@ -402,10 +403,11 @@ def _known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
     if exp.search.seed_from_packs:
         out += [dict(c) for c, _ in warmstart.seeds_from_packs(
             exp.output.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
-    if exp.search.sampler != "grid" or spaces.grid_size(space) > min(exp.search.trials,
-                                                                      MAX_KNOWN):
+    if exp.search.sampler != "grid" or spaces.grid_size(space) > exp.search.trials:
         return out  # the sampler's choices are not known ahead
     for config in grid_order(space, exp.seed):
+        if len(out) >= MAX_KNOWN:
+            break
         if fam.check_config({**fam.default_config, **config}, spec.shape, device) is None:
             out.append(config)
     return out

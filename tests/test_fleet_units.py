@@ -270,7 +270,8 @@ def test_tasks_of_a_group_stay_on_one_worker() -> None:
     assert fl._pick(g[3]) is b and fl._pick(g[3]) is b
 
 
-def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path) -> None:
+def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
+                                                            monkeypatch) -> None:
     """An exhaustive grid's configs are known before its search: the first study hands
     every one that passes static pruning (on the key's static spec) to a new worker to
     compile while it starts, after the default; a sampled space gives the default only."""
@@ -314,3 +315,9 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path) -> 
         "provenance": {}}})
     with_seed = _known_configs(exp, spec, path)
     assert with_seed[1] == {k: seed[k] for k in space} and len(with_seed) == len(known) + 1
+    # A large grid: its first configs in the order they will be asked, up to the cap.
+    import harness.run as hrun
+
+    monkeypatch.setattr(hrun, "MAX_KNOWN", 12)
+    capped = _known_configs(exp, spec, path)
+    assert len(capped) == 12 and capped[2:] == known[1:11]
