@@ -255,3 +255,17 @@ def test_poison_fills_outputs_but_not_inputs() -> None:
     assert poison((out, x), {"x": x}) == 2
     assert torch.isnan(out[0]).all() and (out[1] == torch.iinfo(torch.int32).min).all()
     assert not out[2].any() and torch.isfinite(x).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's wall-clock timer")
+def test_cpu_timing_takes_the_lower_median() -> None:
+    """Two CPU runs, one slowed (as by another process on a loaded machine): the faster
+    one is the latency, so the slowed run does not reorder configs."""
+    import time
+
+    from harness import measure
+
+    delays = iter([0.04, 0.0])
+    p20, mid, p80, _ = measure.time_fn(lambda: time.sleep(next(delays)),
+                                       measure.Timing(cpu_reps=2))
+    assert mid == p20 < 20 <= p80
