@@ -22,8 +22,7 @@ same structure, applied on top.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -93,13 +92,6 @@ def resolve(
         hw_sec = (raw.get("hardware") or {}).get(hardware) or {}
         _apply(space, hw_sec.get("params"), f"{where}: hardware.{hardware}.params")
     return space
-
-
-def points(space: Space) -> Iterator[dict[str, Any]]:
-    """Every config of the space's grid."""
-    names = list(space)
-    for values in itertools.product(*(space[n] for n in names)):
-        yield dict(zip(names, values, strict=True))
 
 
 def grid_size(space: Space) -> int:

@@ -112,21 +112,11 @@ class Tracker:
 
     def log_trial(self, study_run: str, number: int, config: Mapping[str, Any],
                   result: Mapping[str, Any], status: str) -> str:
-        """One grandchild run per measured trial, plus the study run's history."""
-        tags = {"harness.level": "trial", "harness.status": status,
-                "harness.trial": str(number)}
-        if result.get("reason"):
-            tags["harness.failure_reason"] = str(result["reason"])[:5000]
-        extra = result.get("extra") or {}
-        if extra.get("node_id"):
-            tags["harness.node_id"] = str(extra["node_id"])
-        run_id = self.start_run(f"trial-{number}", tags, parent=study_run)
-        self.log(run_id, params=config, metrics=trial_metrics(result, status))
-        self.client.set_terminated(run_id, "FINISHED" if status == "measured" else "FAILED")
-        if status == "measured":
-            self.log(study_run, metrics={"trial_latency_ms": result.get("latency_ms")},
-                     step=number)
-        return run_id
+        """One grandchild run per measured trial, plus the study run's history
+        (``log_trial_record`` without a trial-log file)."""
+        return log_trial_record(self, None, {
+            "study": "", "study_run": study_run, "number": number, "config": config,
+            "result": result, "status": status, "run": None})
 
     def log_study_plots(self, run_id: str, study: Any, title: str) -> list[str]:
         """The study's optimisation history, parameter importances (where they can be
@@ -158,12 +148,13 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
-def log_trial_record(tracker: Tracker, trial_log: str | Path, rec: Mapping[str, Any]) -> str:
-    """One trial's MLflow run (the layout of ``Tracker.log_trial``) from a plain record
-    (``study``, ``study_run``, ``number``, ``config``, ``result``, ``status``, ``tags``,
-    ``run``: a run to complete, or None), noted in the ``trial_log`` file as soon as it
-    exists and again once complete: a resumed experiment completes a half-logged trial
-    in its own run instead of logging it twice. Returns the run's id."""
+def log_trial_record(tracker: Tracker, trial_log: str | Path | None,
+                     rec: Mapping[str, Any]) -> str:
+    """One trial's MLflow run from a plain record (``study``, ``study_run``, ``number``,
+    ``config``, ``result``, ``status``, ``tags``, ``run``: a run to complete, or None),
+    noted in the ``trial_log`` file (where given) as soon as it exists and again once
+    complete: a resumed experiment completes a half-logged trial in its own run instead
+    of logging it twice. Returns the run's id."""
     key = {"study": rec["study"], "trial": rec["number"]}
     result, status, number = rec["result"], rec["status"], rec["number"]
     run_id = rec.get("run")
@@ -188,7 +179,9 @@ def log_trial_record(tracker: Tracker, trial_log: str | Path, rec: Mapping[str, 
     return run_id
 
 
-def _append(trial_log: str | Path, record: Mapping[str, Any]) -> None:
+def _append(trial_log: str | Path | None, record: Mapping[str, Any]) -> None:
+    if trial_log is None:
+        return
     with open(trial_log, "a") as f:
         f.write(json.dumps(record) + "\n")
 
