@@ -190,6 +190,7 @@ class _Logs:
             log.warning("MLflow logger process unavailable (%s): logging on a thread", exc)
             self._local = TrialLogger.sharing(tracker)
             self._bg = _Background()
+            self._bg.call(self._local.warm_plots)
 
     def trial(self, trial_log: Path, rec: dict[str, Any]) -> None:
         if self._actor is not None:
@@ -204,6 +205,14 @@ class _Logs:
         else:
             self._bg.call(self._local.log, run_id, params=params,  # type: ignore[union-attr]
                           metrics=metrics)
+
+    def plots(self, run_id: str, storage: str, study_name: str, title: str) -> None:
+        """Draw a finished study's plots into its MLflow run (``TrialLogger.plots``)."""
+        if self._actor is not None:
+            self._actor.plots.remote(run_id, storage, study_name, title)
+        else:
+            self._bg.call(self._local.plots, run_id, storage,  # type: ignore[union-attr]
+                          study_name, title)
 
     def flush(self) -> list[str]:
         """Wait until every call so far has run; the errors they met."""
@@ -287,13 +296,14 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     summary.mark("run_called")
     t_start = summary.t0
     # While Ray starts (seconds): the checks that import the kernel family (torch:
-    # seconds), then MLflow's import and tables, then the plotting code. Nothing is
-    # written before the whole file is validated; Ray itself starts in this (the main)
-    # thread, whose life its processes are tied to.
+    # seconds), then MLflow's import and tables. Nothing is written before the whole
+    # file is validated; Ray itself starts in this (the main) thread, whose life its
+    # processes are tied to. The plotting code is imported by the MLflow logger's own
+    # process (``_Logs``): on a thread here it ran into the search's start, where each
+    # of the driver's SQLite calls handed it the GIL and the GPU waited for the asks.
     pool = ThreadPoolExecutor(1, thread_name_prefix="harness-prepare")
     checked = pool.submit(_check, path, exp, summary)
     tracker_f = pool.submit(_tracker_once_valid, checked, exp)
-    pool.submit(_warm_plot_imports)
     pool.shutdown(wait=False)
 
     try:
@@ -520,6 +530,10 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     try:
         _search_loop(exp, fleet, studies, logs, trial_log, console, progress)
         _remeasure_top(exp, fleet, studies, console)
+        # Drawn by the logger's process from the studies' storage while this one
+        # freezes the packs; the flush below waits for them.
+        for st in studies:
+            logs.plots(st.run_id, url, st.search.study.study_name, st.spec.name)
     finally:
         summary.mark("search_done")
         fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
@@ -554,10 +568,6 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     for st in studies:
         summary.rows.append(_row(st))
         tracker.log(st.run_id, metrics={f"trials_{k}": v for k, v in st.search.counts().items()})
-        try:  # plots are a nicety: a plotting error must not fail the run
-            tracker.log_study_plots(st.run_id, st.search.study, st.spec.name)
-        except Exception as exc:
-            log.warning("plots for %s failed: %s", st.spec.name, exc)
         tracker.finish(st.run_id)
     summary.mark("plots_logged")
     for p in summary.packs:
@@ -592,15 +602,6 @@ def _tracker_once_valid(checked: Future, exp: experiment.Experiment) -> Tracker 
     if checked.exception() is not None:
         return None
     return Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
-
-
-def _warm_plot_imports() -> None:
-    try:
-        from harness import report
-
-        report.warm_imports()
-    except Exception as exc:  # the plots at the end import it again, or fail there
-        log.warning("could not import the plotting code ahead: %s", exc)
 
 
 def _overhead(phases: dict[str, float], held_s: float) -> dict[str, float]:

@@ -194,9 +194,11 @@ class TrialLogger:
     (the driver fell behind a GPU timing a config every ~45 ms). A failed call is noted,
     never raised: tracking must not stop the tuning."""
 
-    def __init__(self, uri: str, experiment: str):
+    def __init__(self, uri: str, experiment: str, warm_plots: bool = False):
         self.tracker = Tracker(uri, experiment)
         self.errors: list[str] = []
+        if warm_plots:
+            self.warm_plots()
 
     @classmethod
     def sharing(cls, tracker: Tracker) -> TrialLogger:
@@ -211,6 +213,24 @@ class TrialLogger:
     def log(self, run_id: str, params: Mapping[str, Any] | None = None,
             metrics: Mapping[str, Any] | None = None) -> None:
         self._do(self.tracker.log, run_id, params=params, metrics=metrics)
+
+    def warm_plots(self) -> None:
+        """Import the plotting stack now (1-2 s), ahead of ``plots``: in a process of
+        its own, as the search starts, it takes no GIL from the driver."""
+        from harness.report import warm_imports
+
+        self._do(warm_imports)
+
+    def plots(self, run_id: str, storage: str, study_name: str, title: str) -> None:
+        """The study's plots (``Tracker.log_study_plots``), drawn from its Optuna
+        storage once its search is over."""
+        def draw() -> None:
+            import optuna
+
+            study = optuna.load_study(study_name=study_name, storage=storage)
+            self.tracker.log_study_plots(run_id, study, title)
+
+        self._do(draw)
 
     def _do(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -227,7 +247,8 @@ def start_trial_logger(uri: str, experiment: str) -> Any:
     """A ``TrialLogger`` as a Ray actor on this (the driver's) node: it opens the same
     store (a relative SQLite path made absolute) and, like the GPU workers, sees the
     node's environment (MLflow credentials are not passed in its arguments, which Ray
-    records). Its calls run in the order they are made."""
+    records). Its calls run in the order they are made. It imports the plotting code as
+    it starts, to draw the studies' plots at the end."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -235,7 +256,7 @@ def start_trial_logger(uri: str, experiment: str) -> Any:
     return ray.remote(TrialLogger).options(
         num_cpus=0, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-    ).remote(absolute_uri(uri), experiment)
+    ).remote(absolute_uri(uri), experiment, warm_plots=True)
 
 
 def read_runs(uri: str, parent_run_id: str) -> dict[str, Any]:

@@ -74,6 +74,40 @@ def test_trials_are_logged_in_order_into_the_drivers_store(local_ray, tmp_path, 
     assert [x["trial"] for x in lines if x.get("done")] == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("actor", [True, False], ids=["actor", "thread"])
+def test_a_studys_plots_are_drawn_from_its_storage(local_ray, tmp_path, monkeypatch, actor):
+    """The logger (its own process, or the thread stand-in) draws a finished study's
+    plots from the Optuna storage into the study's MLflow run."""
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    if not actor:
+        def refuse(*a, **k):
+            raise RuntimeError("no actor here")
+        monkeypatch.setattr(run_mod, "start_trial_logger", refuse)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="plots", storage=storage)
+    for block, ms in ((64, 2.0), (128, 1.5), (256, 1.8)):
+        trial = study.ask()
+        trial.suggest_categorical("BLOCK", [64, 128, 256])
+        trial.set_user_attr("status", "measured")
+        trial.set_user_attr("result", {"latency_ms": ms, "roofline": 0.5, "tflops": 100.0})
+        study.tell(trial, ms)
+    db = f"mlflow-plots-{actor}.db"
+    tracker = track.Tracker(f"sqlite:///{db}", "plots-test")
+    study_run = tracker.start_run("study", {"harness.level": "study"})
+    logs = run_mod._Logs(tracker, "plots-test")
+    assert (logs._actor is not None) == actor
+    logs.plots(study_run, storage, "plots", "a title")
+    assert logs.flush() == []
+    logs.close()
+    client = MlflowClient(f"sqlite:///{tmp_path / db}")
+    names = {a.path for a in client.list_artifacts(study_run, "plots")}
+    assert "plots/history.png" in names
+    png = Path(client.download_artifacts(study_run, "plots/history.png", str(tmp_path)))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_a_logger_that_fails_reports_it(local_ray, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tracker = track.Tracker("sqlite:///mlflow-fail.db", "logger-fail")
