@@ -11,10 +11,13 @@ median, or within half the best's own spread of re-measurements, at most ``MAX_N
 the one that is more robust across neighbouring shapes wins: the one
 whose latency, relative to the best of each other study of the same kernel, dtype and
 hardware, is lowest on average where it was measured there. With no such evidence the
-one with the smallest footprint wins (fewest pipeline stages, then warps, then the
-smallest tile): a rule, not a measurement, so that a re-run whose top configs are the
-same picks the same winner, where the lowest of medians within noise would be a coin
-toss.
+pack's current winner for the shape (the incumbent, re-measured beside the top configs
+where the search found it within ``INCUMBENT_BAND`` of its best) stays if it is among
+them: a re-tune replaces a pack entry only for a config measurably faster, so packs do
+not churn between runs over configs the GPU's noise cannot order. Otherwise the one
+with the smallest footprint wins (fewest pipeline stages, then warps, then the smallest
+tile): a rule, not a measurement, so that a re-run whose top configs are the same picks
+the same winner, where the lowest of medians within noise would be a coin toss.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ NOISE = 0.02
 #: ... or within half the best's relative spread, up to this much: a single slow
 #: re-measurement must not make a config 10 % slower by its median a tie.
 MAX_NOISE = 0.03
+#: The incumbent is re-measured when the search measured it within this fraction of the
+#: study's best (further off, it cannot come out within noise of the winner).
+INCUMBENT_BAND = 0.05
 
 
 def schedule(n: int, rounds: int) -> list[int]:
@@ -91,9 +97,10 @@ def footprint(config: Mapping[str, Any]) -> tuple:
 
 
 def pick(cands: Sequence[Candidate],
-         robust: Callable[[Mapping[str, Any]], float] = lambda c: math.inf
-         ) -> tuple[Candidate, str] | None:
-    """The winner and why; None when no candidate was re-measured successfully."""
+         robust: Callable[[Mapping[str, Any]], float] = lambda c: math.inf,
+         incumbent: Mapping[str, Any] | None = None) -> tuple[Candidate, str] | None:
+    """The winner and why; None when no candidate was re-measured successfully.
+    ``incumbent``: the config the pack holds now for this shape, if any."""
     ok = [c for c in cands if c.samples]
     if not ok:
         return None
@@ -106,6 +113,11 @@ def pick(cands: Sequence[Candidate],
             win = scored[0]
             return win, (f"{len(tied)} configs within noise; the most robust across "
                          f"neighbouring shapes ({robust(win.config):.3f} x their best)")
+        kept = [c for c in tied if incumbent is not None
+                and config_key(c.config) == config_key(incumbent)]
+        if kept:
+            return kept[0], (f"{len(tied)} configs within noise; the pack's current "
+                             "winner stays")
         win = min(tied, key=lambda c: footprint(c.config))
         return win, (f"{len(tied)} configs within noise; no neighbouring shapes: the "
                      "smallest footprint (stages, warps, tile)")

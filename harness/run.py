@@ -66,6 +66,8 @@ class StudyState:
     failures: int = 0
     best_ms: float = math.inf
     candidates: list[remeasure.Candidate] = field(default_factory=list)  # re-measured top k
+    # The pack's current winner as this study measured it (config, result), if near the best
+    incumbent: tuple[dict[str, Any], dict[str, Any]] | None = None
     final: tuple[dict[str, Any], str] | None = None  # (winner config, why) after re-measuring
     full: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # past the cheap pass
 
@@ -705,6 +707,9 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
         top = st.search.top(kk) if kk > 1 else []
         if len(top) < 2:
             continue
+        st.incumbent = _incumbent(exp, st, top)
+        if st.incumbent is not None and all(cfg != st.incumbent[0] for cfg, _ in top):
+            top.append(st.incumbent)
         st.candidates = [remeasure.Candidate(cfg, res.get("latency_ms", math.nan))
                          for cfg, res in top]
         for i in remeasure.schedule(len(top), exp.search.remeasure_rounds):
@@ -741,9 +746,29 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
         others = [o.search.latencies() for o in studies if o is not st
                   and (o.spec.kernel, o.spec.dtype, o.spec.hardware)
                   == (st.spec.kernel, st.spec.dtype, st.spec.hardware)]
-        chosen = remeasure.pick(st.candidates, lambda c, n=others: remeasure.robustness(c, n))
+        chosen = remeasure.pick(st.candidates, lambda c, n=others: remeasure.robustness(c, n),
+                                incumbent=st.incumbent[0] if st.incumbent else None)
         if chosen is not None:
             st.final = (chosen[0].config, chosen[1])
+
+
+def _incumbent(exp: experiment.Experiment, st: StudyState,
+               top: list[tuple[dict[str, Any], dict[str, Any]]]
+               ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The pack's current winner for the study's shape, as the study measured it (its
+    trial's config and result), where the search found it within
+    ``remeasure.INCUMBENT_BAND`` of its best; None otherwise."""
+    fam = kernel_api.get(st.spec.kernel)
+    held = warmstart.incumbent(exp.output.packs_dir, fam, st.spec.dtype, st.spec.hardware,
+                               st.spec.shape)
+    if held is None:
+        return None
+    best = top[0][1].get("latency_ms", math.nan)
+    for cfg, res in st.search.top(10**9):
+        if {**fam.default_config, **cfg} == held:
+            near = res.get("latency_ms", math.inf) <= best * (1 + remeasure.INCUMBENT_BAND)
+            return (cfg, res) if near else None
+    return None
 
 
 def _next_task(sts: list[StudyState], rr: dict[str, int], hw: str) -> Task | None:
@@ -842,7 +867,8 @@ def _outcome(st: StudyState) -> tuple[dict[str, Any], dict[str, Any]] | None:
     extra: dict[str, Any] = {}
     if st.final is not None:
         winner = next(c for c in st.candidates if c.config == st.final[0])
-        config, res = winner.config, next(r for c, r in st.search.top(len(st.candidates))
+        # The incumbent may rank below the top k by its search measurement.
+        config, res = winner.config, next(r for c, r in st.search.top(10**9)
                                           if c == winner.config)
         res = {**res, "latency_ms": winner.median}
         extra = {"search_latency_ms": winner.search_ms, "remeasured_ms": winner.median,

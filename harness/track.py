@@ -198,7 +198,10 @@ class TrialLogger:
         self.tracker = Tracker(uri, experiment)
         self.errors: list[str] = []
         if warm_plots:
-            self.warm_plots()
+            # On a thread: the trials logged meanwhile must not wait 1-2 s behind it.
+            import threading
+
+            threading.Thread(target=self.warm_plots, name="warm-plots", daemon=True).start()
 
     @classmethod
     def sharing(cls, tracker: Tracker) -> TrialLogger:

@@ -65,3 +65,13 @@ def seeds_from_packs(packs_dir: str | Path, kernel: Kernel, dtype: str, hardware
         if len(out) >= limit:
             break
     return out
+
+
+def incumbent(packs_dir: str | Path, kernel: Kernel, dtype: str, hardware: str,
+              shape: Shape) -> dict[str, Any] | None:
+    """The config this hardware's pack holds now for exactly ``shape`` (full config, as
+    frozen), or None."""
+    for other, config in _entries(Path(packs_dir), hardware, kernel, dtype):
+        if kernel.shape_key(other) == kernel.shape_key(shape):
+            return dict(config)
+    return None

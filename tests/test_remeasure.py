@@ -106,6 +106,64 @@ def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path) -> None:
     assert metrics["remeasure_rounds"] == 2 and metrics["latency_ms"] == row["remeasured_ms"]
 
 
+def test_ties_keep_the_packs_current_winner() -> None:
+    """A re-tune keeps the pack's entry unless a config is measurably faster: within
+    noise, the incumbent beats the footprint rule, not a clearly faster config."""
+    tiles = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4}
+    g1, g8 = {**tiles, "GROUP_M": 1}, {**tiles, "GROUP_M": 8}
+    a = Candidate(g1, 1.6, samples=[1.600, 1.604, 1.598])
+    b = Candidate(g8, 1.6, samples=[1.606, 1.601, 1.609])  # within 1 % of a
+    assert remeasure.pick([a, b])[0] is a  # footprint, then the config key: GROUP_M 1
+    win, why = remeasure.pick([a, b], incumbent=g8)
+    assert win is b and "current winner" in why
+    fast = Candidate(g1, 1.6, samples=[1.50, 1.51, 1.49])  # 6 % faster: no tie
+    assert remeasure.pick([fast, b], incumbent=g8)[0] is fast
+    # Evidence from neighbouring shapes still comes first.
+    neighbours = [{config_key(g1): 2.0, config_key(g8): 2.4}]
+    win, why = remeasure.pick([a, b], lambda c: remeasure.robustness(c, neighbours),
+                              incumbent=g8)
+    assert win is a and "robust" in why
+
+
+@pytest.mark.slow
+def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> None:
+    """Two configs that take the same time (COMPILE_MS only slows the Faulty kernel's
+    compile children, and there are none here): a first run that measured only
+    COMPILE_MS=1 froze it; a re-run over both keeps it (re-measured beside the top
+    configs), where the footprint rule alone takes the first by config key (0)."""
+    events = tmp_path / "events"
+    events.mkdir()
+
+    def run(name: str, compile_ms: list[int], packs_dir: Path) -> dict:
+        exp = {
+            "name": name, "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
+            "dtypes": ["fp32"],
+            "search": {"sampler": "grid", "trials": 8, "warm_start": False,
+                       "remeasure_top_k": 2, "remeasure_rounds": 3},
+            "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": [100, 250],
+                                        "COMPILE_MS": compile_ms}},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+            "output": {"packs_dir": str(packs_dir), "runs_dir": str(tmp_path / "runs")},
+            "fleet": {"compile_workers": 0, "queue_depth": 1},
+        }
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(exp))
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", f"{name}.yaml",
+                               "--json"], cwd=tmp_path, env=cli_env(events),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        (row,) = json.loads(proc.stdout)["rows"]
+        return row
+
+    first = run("first", [1], tmp_path / "packs")
+    assert first["params"]["COMPILE_MS"] == 1 and first["params"]["SLEEP_MS"] == 100
+    again = run("again", [0, 1], tmp_path / "packs")
+    assert again["params"]["COMPILE_MS"] == 1 and again["params"]["SLEEP_MS"] == 100
+    assert "current winner" in again["winner_reason"], again["winner_reason"]
+    fresh = run("fresh", [0, 1], tmp_path / "fresh-packs")
+    assert fresh["params"]["COMPILE_MS"] == 0, fresh["winner_reason"]
+    assert "footprint" in fresh["winner_reason"]
+
+
 def test_a_config_clearly_slower_by_its_median_is_no_tie() -> None:
     """Seen on 2 x H200: one slow re-measurement widened the best's range so far that a
     candidate 10 % slower by its median counted as a tie and won on footprint. Ties are

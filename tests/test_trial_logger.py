@@ -88,8 +88,9 @@ def test_a_studys_plots_are_drawn_from_its_storage(local_ray, tmp_path, monkeypa
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="plots", storage=storage)
     for block, ms in ((64, 2.0), (128, 1.5), (256, 1.8)):
+        study.enqueue_trial({"BLOCK": block})
         trial = study.ask()
-        trial.suggest_categorical("BLOCK", [64, 128, 256])
+        assert trial.suggest_categorical("BLOCK", [64, 128, 256]) == block
         trial.set_user_attr("status", "measured")
         trial.set_user_attr("result", {"latency_ms": ms, "roofline": 0.5, "tflops": 100.0})
         study.tell(trial, ms)
