@@ -180,14 +180,19 @@ class _Background:
 
 class _Logs:
     """Where the search's MLflow logging goes, in order and off the driver's loop: a
-    ``TrialLogger`` in a process of its own (``track.start_trial_logger``), or, where
-    that actor cannot be started, one sharing the driver's Tracker on a thread."""
+    ``TrialLogger`` in a process of its own (``track.start_trial_logger``) for the
+    trials, and a second one that imports the plotting code as the search starts and
+    draws the studies' plots at its end, beside the first one catching up (one
+    process doing both fell seconds behind the trials); or, where no actor can be
+    started, one sharing the driver's Tracker on a thread."""
 
     def __init__(self, tracker: Tracker, experiment_name: str) -> None:
         self._actor: Any = None
+        self._plotter: Any = None
         self._bg: _Background | None = None
         try:
             self._actor = start_trial_logger(tracker.uri, experiment_name)
+            self._plotter = start_trial_logger(tracker.uri, experiment_name, plots=True)
         except Exception as exc:
             log.warning("MLflow logger process unavailable (%s): logging on a thread", exc)
             self._local = TrialLogger.sharing(tracker)
@@ -210,8 +215,8 @@ class _Logs:
 
     def plots(self, run_id: str, storage: str, study_name: str, title: str) -> None:
         """Draw a finished study's plots into its MLflow run (``TrialLogger.plots``)."""
-        if self._actor is not None:
-            self._actor.plots.remote(run_id, storage, study_name, title)
+        if self._plotter is not None:
+            self._plotter.plots.remote(run_id, storage, study_name, title)
         else:
             self._bg.call(self._local.plots, run_id, storage,  # type: ignore[union-attr]
                           study_name, title)
@@ -222,13 +227,16 @@ class _Logs:
             self._bg.flush()  # type: ignore[union-attr]
             return self._local.errors + self._bg.errors  # type: ignore[union-attr]
         try:
-            return ray.get(self._actor.flush.remote(), timeout=LOGGER_FLUSH_S)
+            errors = ray.get([a.flush.remote() for a in (self._actor, self._plotter)],
+                             timeout=LOGGER_FLUSH_S)
+            return [e for group in errors for e in group]
         except Exception as exc:  # the logger died or hangs: its trials are reconciled
             return [f"the MLflow logger was lost: {type(exc).__name__}: {exc}"[:300]]
 
     def close(self) -> None:
         if self._actor is not None:
             ray.kill(self._actor)
+            ray.kill(self._plotter)
         else:
             self._bg.close()  # type: ignore[union-attr]
 

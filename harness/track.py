@@ -198,10 +198,7 @@ class TrialLogger:
         self.tracker = Tracker(uri, experiment)
         self.errors: list[str] = []
         if warm_plots:
-            # On a thread: the trials logged meanwhile must not wait 1-2 s behind it.
-            import threading
-
-            threading.Thread(target=self.warm_plots, name="warm-plots", daemon=True).start()
+            self.warm_plots()
 
     @classmethod
     def sharing(cls, tracker: Tracker) -> TrialLogger:
@@ -219,7 +216,8 @@ class TrialLogger:
 
     def warm_plots(self) -> None:
         """Import the plotting stack now (1-2 s), ahead of ``plots``: in a process of
-        its own, as the search starts, it takes no GIL from the driver."""
+        its own, as the search starts, it takes no GIL from the driver (on a thread
+        there it did) nor from the process logging the trials (it fell behind)."""
         from harness.report import warm_imports
 
         self._do(warm_imports)
@@ -246,12 +244,12 @@ class TrialLogger:
         return list(self.errors)
 
 
-def start_trial_logger(uri: str, experiment: str) -> Any:
+def start_trial_logger(uri: str, experiment: str, plots: bool = False) -> Any:
     """A ``TrialLogger`` as a Ray actor on this (the driver's) node: it opens the same
     store (a relative SQLite path made absolute) and, like the GPU workers, sees the
     node's environment (MLflow credentials are not passed in its arguments, which Ray
-    records). Its calls run in the order they are made. It imports the plotting code as
-    it starts, to draw the studies' plots at the end."""
+    records). Its calls run in the order they are made. ``plots``: one that imports the
+    plotting code as it starts, to draw the studies' plots at the end."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -259,7 +257,7 @@ def start_trial_logger(uri: str, experiment: str) -> Any:
     return ray.remote(TrialLogger).options(
         num_cpus=0, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-    ).remote(absolute_uri(uri), experiment, warm_plots=True)
+    ).remote(absolute_uri(uri), experiment, warm_plots=plots)
 
 
 def read_runs(uri: str, parent_run_id: str) -> dict[str, Any]:

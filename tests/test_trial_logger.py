@@ -99,6 +99,9 @@ def test_a_studys_plots_are_drawn_from_its_storage(local_ray, tmp_path, monkeypa
     study_run = tracker.start_run("study", {"harness.level": "study"})
     logs = run_mod._Logs(tracker, "plots-test")
     assert (logs._actor is not None) == actor
+    # A process of its own for the plots, beside the trials' one.
+    assert (logs._plotter is not None) == actor
+    assert logs._plotter is None or logs._plotter is not logs._actor
     logs.plots(study_run, storage, "plots", "a title")
     assert logs.flush() == []
     logs.close()
