@@ -90,6 +90,9 @@ class Summary:
     timeline: dict[str, float] = field(default_factory=dict)  # wall seconds at each step
     #: hardware key -> its first worker's start-up by step, seconds (Worker.startup_s)
     worker_startup: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The search's MLflow logger: when it was ready and last caught up (wall seconds),
+    #: trials logged, seconds spent on them and on the plots
+    mlflow_logger: dict[str, float] = field(default_factory=dict)
     t0: float = field(default_factory=time.monotonic, repr=False)
 
     def mark(self, step: str) -> None:
@@ -190,6 +193,7 @@ class _Logs:
         self._actor: Any = None
         self._plotter: Any = None
         self._bg: _Background | None = None
+        self.stats: dict[str, float] = {}  # TrialLogger.stats, as of the last flush
         try:
             self._actor = start_trial_logger(tracker.uri, experiment_name)
             self._plotter = start_trial_logger(tracker.uri, experiment_name, plots=True)
@@ -224,11 +228,17 @@ class _Logs:
     def flush(self) -> list[str]:
         """Wait until every call so far has run; the errors they met."""
         if self._actor is None:
+            self._bg.call(self._local.flush)  # type: ignore[union-attr]
             self._bg.flush()  # type: ignore[union-attr]
+            self.stats = self._local.stats()  # type: ignore[union-attr]
             return self._local.errors + self._bg.errors  # type: ignore[union-attr]
         try:
             errors = ray.get([a.flush.remote() for a in (self._actor, self._plotter)],
                              timeout=LOGGER_FLUSH_S)
+            trials, plots = ray.get([a.stats.remote() for a in (self._actor, self._plotter)],
+                                    timeout=LOGGER_FLUSH_S)
+            self.stats = {**trials, "plots_s": plots["plots_s"],
+                          "plotter_ready_at": plots["ready_at"]}
             return [e for group in errors for e in group]
         except Exception as exc:  # the logger died or hangs: its trials are reconciled
             return [f"the MLflow logger was lost: {type(exc).__name__}: {exc}"[:300]]
@@ -548,6 +558,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         summary.mark("search_done")
         fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
         log_errors = logs.flush()
+        summary.mlflow_logger = _logger_stats(logs.stats, summary.t0)
         logs.close()
         release()  # Ray itself, where this run started it and stops it
         summary.mark("mlflow_caught_up")
@@ -612,6 +623,15 @@ def _tracker_once_valid(checked: Future, exp: experiment.Experiment) -> Tracker 
     if checked.exception() is not None:
         return None
     return Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
+
+
+def _logger_stats(stats: dict[str, float], t0: float) -> dict[str, float]:
+    """The MLflow logger's figures, its clock readings as wall seconds of this run."""
+    out = {}
+    for k, v in stats.items():
+        name = k.removesuffix("_at") + "_s" if k.endswith("_at") else k
+        out[name] = round(v - t0 if k.endswith("_at") else v, 3)
+    return out
 
 
 def _overhead(phases: dict[str, float], held_s: float) -> dict[str, float]:

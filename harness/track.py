@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 TRIAL_METRICS = ("latency_ms", "p20_ms", "p80_ms", "tflops", "gbps", "roofline",
                  "max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2", "compile_s")
 GPU_STATE_METRICS = ("sm_clock_mhz", "power_w")
+#: The study run's step-indexed history of its trials' latencies.
+HISTORY_METRIC = "trial_latency_ms"
 
 
 def trial_metrics(result: Mapping[str, Any], status: str) -> dict[str, Any]:
@@ -98,8 +101,6 @@ class Tracker:
     def log(self, run_id: str, params: Mapping[str, Any] | None = None,
             metrics: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
             step: int = 0) -> None:
-        import time
-
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
@@ -109,6 +110,16 @@ class Tracker:
             params=[Param(k, str(v)) for k, v in (params or {}).items()],
             tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
         )
+
+    def log_history(self, run_id: str, key: str, points: list[tuple[int, Any]]) -> None:
+        """Metric ``key`` at several steps, in one call."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(v), now, step) for step, v in points
+                   if isinstance(v, (int, float)) and math.isfinite(v)]
+        if metrics:
+            self.client.log_batch(run_id, metrics=metrics)
 
     def log_trial(self, study_run: str, number: int, config: Mapping[str, Any],
                   result: Mapping[str, Any], status: str) -> str:
@@ -149,12 +160,14 @@ def absolute_uri(uri: str) -> str:
 
 
 def log_trial_record(tracker: Tracker, trial_log: str | Path | None,
-                     rec: Mapping[str, Any]) -> str:
+                     rec: Mapping[str, Any], history: bool = True) -> str:
     """One trial's MLflow run from a plain record (``study``, ``study_run``, ``number``,
     ``config``, ``result``, ``status``, ``tags``, ``run``: a run to complete, or None),
     noted in the ``trial_log`` file (where given) as soon as it exists and again once
     complete: a resumed experiment completes a half-logged trial in its own run instead
-    of logging it twice. Returns the run's id."""
+    of logging it twice. ``history``: also add the trial's latency to the study run's
+    history (a caller that batches those points itself passes False). Returns the
+    run's id."""
     key = {"study": rec["study"], "trial": rec["number"]}
     result, status, number = rec["result"], rec["status"], rec["number"]
     run_id = rec.get("run")
@@ -172,9 +185,9 @@ def log_trial_record(tracker: Tracker, trial_log: str | Path | None,
         tracker.start_run(f"trial-{number}", {}, resume=run_id)
     tracker.log(run_id, params=rec["config"], metrics=trial_metrics(result, status))
     tracker.finish(run_id, ok=status != "failed")
-    if status == "measured":
-        tracker.log(rec["study_run"], metrics={"trial_latency_ms": result.get("latency_ms")},
-                    step=number)
+    if history and status == "measured":
+        tracker.log_history(rec["study_run"], HISTORY_METRIC,
+                            [(number, result.get("latency_ms"))])
     _append(trial_log, {**key, "run": run_id, "done": True})
     return run_id
 
@@ -194,21 +207,47 @@ class TrialLogger:
     (the driver fell behind a GPU timing a config every ~45 ms). A failed call is noted,
     never raised: tracking must not stop the tuning."""
 
+    #: History points (the study runs' trial latencies) kept before one batched write.
+    HISTORY_BATCH = 32
+
     def __init__(self, uri: str, experiment: str, warm_plots: bool = False):
+        if uri.startswith("sqlite:"):
+            _sqlite_fast_commits()
         self.tracker = Tracker(uri, experiment)
-        self.errors: list[str] = []
+        self._init()
         if warm_plots:
             self.warm_plots()
+        self._stats["ready_at"] = time.monotonic()
 
     @classmethod
     def sharing(cls, tracker: Tracker) -> TrialLogger:
         """One that logs through an existing Tracker (in the driver's process)."""
         self = cls.__new__(cls)
-        self.tracker, self.errors = tracker, []
+        self.tracker = tracker
+        self._init()
         return self
 
+    def _init(self) -> None:
+        self.errors: list[str] = []
+        self._history: dict[str, list[tuple[int, Any]]] = {}  # study run -> points
+        # Where its time went; the *_at are time.monotonic(), which on Linux every
+        # process of the machine shares, so the driver places them on its timeline.
+        self._stats: dict[str, float] = {"ready_at": time.monotonic(), "trials": 0,
+                                         "trials_s": 0.0, "plots_s": 0.0}
+
     def trial(self, trial_log: str, rec: Mapping[str, Any]) -> None:
-        self._do(log_trial_record, self.tracker, trial_log, rec)
+        """The trial's run; its point of the study run's history is written with the
+        next ``HISTORY_BATCH`` - 1 (each write costs as much as a trial's other three)."""
+        t0 = time.perf_counter()
+        self._do(log_trial_record, self.tracker, trial_log, rec, history=False)
+        if rec["status"] == "measured":
+            self._history.setdefault(rec["study_run"], []).append(
+                (rec["number"], rec["result"].get("latency_ms")))
+            if sum(map(len, self._history.values())) >= self.HISTORY_BATCH:
+                self._write_history()
+        self._stats["trials"] += 1
+        self._stats["trials_s"] += time.perf_counter() - t0
+        self._stats["caught_up_at"] = time.monotonic()
 
     def log(self, run_id: str, params: Mapping[str, Any] | None = None,
             metrics: Mapping[str, Any] | None = None) -> None:
@@ -231,7 +270,9 @@ class TrialLogger:
             study = optuna.load_study(study_name=study_name, storage=storage)
             self.tracker.log_study_plots(run_id, study, title)
 
+        t0 = time.perf_counter()
         self._do(draw)
+        self._stats["plots_s"] += time.perf_counter() - t0
 
     def _do(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -239,9 +280,43 @@ class TrialLogger:
         except Exception as exc:
             self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
+    def _write_history(self) -> None:
+        pending, self._history = self._history, {}
+        for run_id, points in pending.items():
+            self._do(self.tracker.log_history, run_id, HISTORY_METRIC, points)
+
     def flush(self) -> list[str]:
-        """The errors so far (called after every earlier call has run)."""
+        """Write what is pending; the errors so far (called after every earlier call
+        has run)."""
+        self._write_history()
         return list(self.errors)
+
+    def stats(self) -> dict[str, float]:
+        """When it was ready and last caught up with the trials (time.monotonic()),
+        trials logged, seconds spent logging them and drawing plots."""
+        return dict(self._stats)
+
+
+def _commit_fast(dbapi_conn: Any, _record: Any) -> None:
+    import sqlite3
+
+    if isinstance(dbapi_conn, sqlite3.Connection):
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+
+def _sqlite_fast_commits() -> None:
+    """SQLite connections of this process commit in WAL mode with synchronous=NORMAL (as
+    the Optuna storage does): no fsync per commit, and still no committed run lost when
+    a process is killed (only a power loss could lose the last ones). MLflow builds its
+    engine itself, so the setting goes on every engine of the process."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "connect", _commit_fast):
+        event.listen(Engine, "connect", _commit_fast)
 
 
 def start_trial_logger(uri: str, experiment: str, plots: bool = False) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -57,8 +59,13 @@ def test_trials_are_logged_in_order_into_the_drivers_store(local_ray, tmp_path, 
     for n in range(4):
         logs.trial(trial_log, _record(study_run, n, "failed" if n == 2 else "measured"))
     logs.log(study_run, metrics={"eager_latency_ms": 3.5}, params={"eager_status": "ok"})
+    t_sent = time.monotonic()
     assert logs.flush() == []
     logs.close()
+    # Its figures: four trials, and its clock readings on this process's clock.
+    assert logs.stats["trials"] == 4 and logs.stats["trials_s"] > 0
+    assert logs.stats["ready_at"] <= logs.stats["caught_up_at"] <= time.monotonic()
+    assert logs.stats["caught_up_at"] >= t_sent - 60
     client = MlflowClient(f"sqlite:///{tmp_path / db}")
     runs = client.search_runs([tracker.experiment_id],
                               filter_string=f"tags.mlflow.parentRunId = '{study_run}'")
@@ -72,6 +79,9 @@ def test_trials_are_logged_in_order_into_the_drivers_store(local_ray, tmp_path, 
     assert client.get_run(study_run).data.metrics["eager_latency_ms"] == 3.5
     lines = [json.loads(x) for x in trial_log.read_text().splitlines()]
     assert [x["trial"] for x in lines if x.get("done")] == [0, 1, 2, 3]
+    if actor:  # the logger's process commits in WAL mode (a property of the file)
+        with sqlite3.connect(tmp_path / db) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 @pytest.mark.parametrize("actor", [True, False], ids=["actor", "thread"])
@@ -128,3 +138,31 @@ def test_absolute_uri(tmp_path, monkeypatch):
     assert track.absolute_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
     assert track.absolute_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert Path(track.absolute_uri("sqlite:///x/../m.db")[len("sqlite:///"):]).is_absolute()
+
+
+def test_history_points_are_written_in_batches(tmp_path, monkeypatch):
+    """The study run's history gets every measured trial's point, written
+    HISTORY_BATCH at a time and at the flush, not one write per trial."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    monkeypatch.chdir(tmp_path)
+    logger = track.TrialLogger(f"sqlite:///{tmp_path / 'h.db'}", "history")
+    try:
+        writes = []
+        real = logger.tracker.log_history
+        monkeypatch.setattr(logger.tracker, "log_history",
+                            lambda *a, **k: (writes.append(len(a[2])), real(*a, **k)))
+        study_run = logger.tracker.start_run("study", {"harness.level": "study"})
+        n = track.TrialLogger.HISTORY_BATCH + 5
+        for i in range(n):
+            logger.trial(str(tmp_path / "t.jsonl"),
+                         _record(study_run, i, "failed" if i == 3 else "measured"))
+        assert writes == [track.TrialLogger.HISTORY_BATCH]  # one batch so far
+        assert logger.flush() == []
+        assert writes == [track.TrialLogger.HISTORY_BATCH, n - 1 - writes[0]]
+        steps = sorted(m.step for m in logger.tracker.client.get_metric_history(
+            study_run, track.HISTORY_METRIC))
+        assert steps == [i for i in range(n) if i != 3]
+    finally:
+        event.remove(Engine, "connect", track._commit_fast)

@@ -21,6 +21,8 @@ def main(paths: list[str]) -> None:
               round(d.get("gpu_held_s", 0), 1), "timing_fraction",
               round(d.get("timing_fraction") or 0, 3), "overhead", d.get("overhead_s"))
         print("   timeline", d.get("timeline_s"))
+        if d.get("mlflow_logger"):
+            print("   mlflow logger", d["mlflow_logger"])
         for r in d["rows"]:
             print("   ", r["shape"], r["dtype"], r["hardware"], "best", r.get("latency_ms"),
                   r.get("params"), "default", r.get("default_latency_ms"), r["counts"],
