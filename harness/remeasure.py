@@ -4,7 +4,11 @@ A search measures each config once, at a moment of its own (clocks, temperature,
 neighbours on the node): two configs within a percent of each other swap places from run
 to run. At the end of a study its top ``k`` configs are measured again, interleaved
 (A B C A B C ...), so that slow drifts hit them alike; the winner is the one with the
-lowest median of those re-measurements, and each candidate's spread is recorded.
+lowest median of those re-measurements, and each candidate's spread is recorded. Where
+two candidates were measured in the same rounds, how far apart they are is the median of
+their same-round ratios: a GPU whose clock moves under its power cap shifts a whole round
+(the spread of one candidate's re-measurements reached 10-22 % on an H200 at 5/20 ms),
+which the ratio of two medians would read as a difference between the configs.
 
 When candidates are within noise of the best (their median within ``NOISE`` (2 %) of the best
 median, or within half the best's own spread of re-measurements, at most ``MAX_NOISE``),
@@ -56,6 +60,11 @@ class Candidate:
     search_ms: float  # what the search measured
     samples: list[float] = field(default_factory=list)  # re-measured medians
     failures: list[str] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)  # the round of each sample, where known
+
+    def add(self, latency_ms: float, round_: int) -> None:
+        self.samples.append(latency_ms)
+        self.rounds.append(round_)
 
     @property
     def median(self) -> float:
@@ -73,6 +82,20 @@ class Candidate:
     def spread(self) -> float:
         """(max - min) / median of the re-measurements."""
         return (self.hi - self.lo) / self.median if self.samples else math.nan
+
+
+def relative(c: Candidate, best: Candidate) -> tuple[float, bool]:
+    """``c``'s latency over ``best``'s, and whether it is paired: the median of their
+    same-round ratios where both have samples of known rounds in common, else the ratio
+    of their medians."""
+    mine = dict(zip(c.rounds, c.samples, strict=False)) if len(c.rounds) == len(c.samples) \
+        else {}
+    theirs = dict(zip(best.rounds, best.samples, strict=False)) \
+        if len(best.rounds) == len(best.samples) else {}
+    common = sorted(set(mine) & set(theirs))
+    if common:
+        return statistics.median(mine[r] / theirs[r] for r in common), True
+    return c.median / best.median, False
 
 
 def robustness(config: Mapping[str, Any],
@@ -105,8 +128,13 @@ def pick(cands: Sequence[Candidate],
     if not ok:
         return None
     best = min(ok, key=lambda c: c.median)
-    band = min(MAX_NOISE, max(NOISE, (best.spread if best.spread == best.spread else 0) / 2))
-    tied = [c for c in ok if c.median <= best.median * (1 + band)]
+    # Unpaired, a drift that spread the best's own samples widens the band (capped).
+    loose = min(MAX_NOISE, max(NOISE, (best.spread if best.spread == best.spread else 0) / 2))
+    tied = []
+    for c in ok:
+        ratio, paired = relative(c, best)
+        if ratio <= 1 + (NOISE if paired else loose):
+            tied.append(c)
     if len(tied) > 1:
         scored = sorted(tied, key=lambda c: (robust(c.config), c.median))
         if math.isfinite(robust(scored[0].config)):

@@ -740,13 +740,13 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
             top.append(st.incumbent)
         st.candidates = [remeasure.Candidate(cfg, res.get("latency_ms", math.nan))
                          for cfg, res in top]
-        for i in remeasure.schedule(len(top), exp.search.remeasure_rounds):
+        for n, i in enumerate(remeasure.schedule(len(top), exp.search.remeasure_rounds)):
             # One GPU for all of a study's re-measurements: interleaving only cancels
             # drifts if the candidates are compared on the same device.
             todo.setdefault(st.spec.hardware, []).append(Task(
                 st.spec.hardware, "measure",
                 (st.spec.kernel, st.spec.shape, st.spec.dtype, top[i][0], 0),
-                ("remeasure", st, i), group=f"remeasure {st.spec.name}"))
+                ("remeasure", st, i, n // len(top)), group=f"remeasure {st.spec.name}"))
     if not todo:
         return
     console.print(f"re-measuring the top configs of {sum(bool(s.candidates) for s in studies)}"
@@ -760,10 +760,10 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
             break
         for task, result in fleet.poll(0.5):
             left -= 1
-            _, st, i = task.tag
+            _, st, i, round_ = task.tag
             cand = st.candidates[i]
             if result.ok:
-                cand.samples.append(result.latency_ms)
+                cand.add(result.latency_ms, round_)
             else:
                 cand.failures.append(result.reason)
         if not any(fleet.workers(hw) for hw in todo):
@@ -965,4 +965,10 @@ def _row(st: StudyState) -> dict[str, Any]:
         row.update(metrics)
         if st.final:
             row["winner_reason"] = st.final[1]
+            # Every candidate's re-measurements, in round order: why this one won.
+            row["remeasured"] = [
+                {"config": c.config, "search_ms": c.search_ms,
+                 "samples_ms": [x for _, x in sorted(zip(c.rounds, c.samples, strict=True))],
+                 "median_ms": c.median, "incumbent": bool(st.incumbent)
+                 and c.config == st.incumbent[0]} for c in st.candidates]
     return row

@@ -93,6 +93,8 @@ def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path) -> None:
     (row,) = json.loads(proc.stdout)["rows"]
     assert row["params"]["SLEEP_MS"] == 0 and "median" in row["winner_reason"]
     assert row["remeasure_rounds"] == 2 and row["remeasure_candidates"] == 2
+    assert [len(c["samples_ms"]) for c in row["remeasured"]] == [2, 2]
+    assert [c["config"]["SLEEP_MS"] for c in row["remeasured"]] == [0, 40]
     assert row["remeasure_min_ms"] <= row["remeasured_ms"] <= row["remeasure_max_ms"]
     # The last launches: the two best configs, alternating (each measurement launches a
     # config twice to time it on the CPU; the check reads the last one's output).
@@ -162,6 +164,26 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
     fresh = run("fresh", [0, 1], tmp_path / "fresh-packs")
     assert fresh["params"]["COMPILE_MS"] == 0, fresh["winner_reason"]
     assert "footprint" in fresh["winner_reason"]
+
+
+def test_candidates_measured_in_the_same_rounds_compare_round_by_round() -> None:
+    """A round in which the GPU's clock dipped for one candidate's measurement moves its
+    median by 19 %; their same-round ratios say 1 % apart: a tie (the footprint rule,
+    here the config key, decides), where the medians alone would call it a clear win."""
+    a = Candidate({"x": 1}, 1.5, samples=[1.50, 1.80, 1.50, 1.80, 1.80], rounds=[0, 1, 2, 3, 4])
+    b = Candidate({"x": 2}, 1.5, samples=[1.515, 1.818, 1.515, 1.818, 1.515],
+                  rounds=[0, 1, 2, 3, 4])
+    assert remeasure.relative(a, b) == (pytest.approx(0.990, abs=1e-3), True)
+    win, why = remeasure.pick([a, b])
+    assert win is a and "footprint" in why
+    # Without rounds the medians decide: b by 16 %.
+    a2, b2 = Candidate(a.config, 1.5, samples=a.samples), Candidate(b.config, 1.5,
+                                                                      samples=b.samples)
+    assert remeasure.relative(a2, b2)[1] is False
+    assert remeasure.pick([a2, b2]) == (b2, "lowest median of the interleaved re-measurements")
+    # Paired, a clear difference stays one: 5 % in every round.
+    c = Candidate({"x": 3}, 1.5, samples=[x * 1.05 for x in b.samples], rounds=b.rounds)
+    assert remeasure.pick([b, c])[0] is b and "lowest median" in remeasure.pick([b, c])[1]
 
 
 def test_a_config_clearly_slower_by_its_median_is_no_tie() -> None:
