@@ -52,6 +52,10 @@ class SearchSettings(_Strict):
     remeasure_rounds: int = Field(
         5, ge=1, le=20, description="re-measurements of each of them (five: a median that one "
         "or two disturbed measurements, such as a GPU's clock dipping, do not move)")
+    remeasure_rep_ms: float = Field(
+        60.0, gt=0, description="do_bench's rep budget of each re-measurement (ms; at "
+        "least timing.rep_ms): they decide between configs a few percent apart, which a "
+        "short budget cannot order on a GPU whose clock moves under its power cap")
     pruner: Literal["none", "threshold", "median", "percentile"] = Field(
         "none", description="multi-fidelity: each config is first timed cheaply "
         "(cheap_rep_ms), this Optuna pruner stops the clearly bad ones there, the others are "

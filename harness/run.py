@@ -740,13 +740,7 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
             top.append(st.incumbent)
         st.candidates = [remeasure.Candidate(cfg, res.get("latency_ms", math.nan))
                          for cfg, res in top]
-        for n, i in enumerate(remeasure.schedule(len(top), exp.search.remeasure_rounds)):
-            # One GPU for all of a study's re-measurements: interleaving only cancels
-            # drifts if the candidates are compared on the same device.
-            todo.setdefault(st.spec.hardware, []).append(Task(
-                st.spec.hardware, "measure",
-                (st.spec.kernel, st.spec.shape, st.spec.dtype, top[i][0], 0),
-                ("remeasure", st, i, n // len(top)), group=f"remeasure {st.spec.name}"))
+        todo.setdefault(st.spec.hardware, []).extend(_remeasure_tasks(exp, st))
     if not todo:
         return
     console.print(f"re-measuring the top configs of {sum(bool(s.candidates) for s in studies)}"
@@ -778,6 +772,22 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
                                 incumbent=st.incumbent[0] if st.incumbent else None)
         if chosen is not None:
             st.final = (chosen[0].config, chosen[1])
+
+
+def _remeasure_tasks(exp: experiment.Experiment, st: StudyState) -> list[Task]:
+    """The re-measurements of ``st.candidates``: ``remeasure_rounds`` interleaved
+    rounds, each timed with ``remeasure_rep_ms`` (at least the search's budget), tagged
+    with the candidate and the round."""
+    rep = max(exp.search.remeasure_rep_ms, exp.timing.rep_ms)
+    longer = ({"rep_ms": rep},) if rep > exp.timing.rep_ms else ()
+    n_cands = len(st.candidates)
+    # One GPU for all of a study's re-measurements (one group): interleaving only
+    # cancels drifts if the candidates are compared on the same device.
+    return [Task(st.spec.hardware, "measure",
+                 (st.spec.kernel, st.spec.shape, st.spec.dtype, st.candidates[i].config, 0,
+                  *longer),
+                 ("remeasure", st, i, n // n_cands), group=f"remeasure {st.spec.name}")
+            for n, i in enumerate(remeasure.schedule(n_cands, exp.search.remeasure_rounds))]
 
 
 def _incumbent(exp: experiment.Experiment, st: StudyState,

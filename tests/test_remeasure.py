@@ -200,3 +200,28 @@ def test_a_config_clearly_slower_by_its_median_is_no_tie() -> None:
     best2 = Candidate({**tiles, "num_stages": 4}, 1.6, samples=[1.57, 1.61, 1.64])
     win, why = remeasure.pick([best2, near])
     assert win is near and "footprint" in why
+
+
+def test_remeasurements_are_planned_in_rounds_with_their_own_budget() -> None:
+    """Each candidate once per round, round-tagged, timed with remeasure_rep_ms where it
+    is longer than the search's budget (the search's own otherwise)."""
+    from types import SimpleNamespace
+
+    from harness import experiment
+    from harness.run import _remeasure_tasks
+
+    exp = experiment.Experiment.model_validate({
+        "name": "r", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
+        "timing": {"warmup_ms": 5, "rep_ms": 20},
+        "search": {"remeasure_rounds": 3, "remeasure_rep_ms": 60}})
+    spec = SimpleNamespace(hardware="H200", kernel="k", shape={"N": 256}, dtype="bf16",
+                           name="s")
+    st = SimpleNamespace(spec=spec, candidates=[Candidate({"x": i}, 1.0) for i in range(2)])
+    tasks = _remeasure_tasks(exp, st)
+    assert [(t.tag[2], t.tag[3]) for t in tasks] == [(0, 0), (1, 0), (0, 1), (1, 1),
+                                                     (0, 2), (1, 2)]
+    assert all(t.args[5] == {"rep_ms": 60} for t in tasks)
+    assert [t.args[3] for t in tasks[:2]] == [{"x": 0}, {"x": 1}]
+    assert len({t.group for t in tasks}) == 1
+    slow = exp.model_copy(update={"timing": exp.timing.model_copy(update={"rep_ms": 100})})
+    assert all(len(t.args) == 5 for t in _remeasure_tasks(slow, st))
