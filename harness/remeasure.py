@@ -91,11 +91,9 @@ def relative(c: Candidate, best: Candidate) -> tuple[float, bool]:
     """``c``'s latency over ``best``'s, and whether it is paired: the median of their
     same-round ratios where both have samples of known rounds in common, else the ratio
     of their medians."""
-    mine = dict(zip(c.rounds, c.samples, strict=False)) if len(c.rounds) == len(c.samples) \
-        else {}
-    theirs = dict(zip(best.rounds, best.samples, strict=False)) \
-        if len(best.rounds) == len(best.samples) else {}
-    common = sorted(set(mine) & set(theirs))
+    mine = dict(zip(c.rounds, c.samples, strict=False))
+    theirs = dict(zip(best.rounds, best.samples, strict=False))
+    common = mine.keys() & theirs.keys()
     if common:
         return statistics.median(mine[r] / theirs[r] for r in common), True
     return c.median / best.median, False

@@ -22,6 +22,7 @@ from harness import kernel_api, spaces
 from harness.experiment import SearchSettings, StudySpec
 from harness.kernel_api import DeviceSpec
 from harness.measure import TrialResult
+from harness.sqlite_commits import fast_commits
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -49,13 +50,7 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
 
     storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
 
-    @event.listens_for(storage.engine, "connect")
-    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
+    event.listen(storage.engine, "connect", fast_commits)
     storage.engine.dispose()  # connections opened before the listener reconnect with it
     return storage
 

@@ -297,26 +297,17 @@ class TrialLogger:
         return dict(self._stats)
 
 
-def _commit_fast(dbapi_conn: Any, _record: Any) -> None:
-    import sqlite3
-
-    if isinstance(dbapi_conn, sqlite3.Connection):
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
-
 def _sqlite_fast_commits() -> None:
-    """SQLite connections of this process commit in WAL mode with synchronous=NORMAL (as
-    the Optuna storage does): no fsync per commit, and still no committed run lost when
-    a process is killed (only a power loss could lose the last ones). MLflow builds its
-    engine itself, so the setting goes on every engine of the process."""
+    """SQLite connections of this process commit as the Optuna storage's do
+    (``harness.sqlite_commits``). MLflow builds its engine itself, so the listener goes
+    on every engine of the process."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    if not event.contains(Engine, "connect", _commit_fast):
-        event.listen(Engine, "connect", _commit_fast)
+    from harness.sqlite_commits import fast_commits
+
+    if not event.contains(Engine, "connect", fast_commits):
+        event.listen(Engine, "connect", fast_commits)
 
 
 def start_trial_logger(uri: str, experiment: str, plots: bool = False) -> Any:

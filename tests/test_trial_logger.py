@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from harness import run as run_mod
 from harness import track
+from harness.sqlite_commits import fast_commits
 
 pytestmark = pytest.mark.slow
 
@@ -165,4 +166,4 @@ def test_history_points_are_written_in_batches(tmp_path, monkeypatch):
             study_run, track.HISTORY_METRIC))
         assert steps == [i for i in range(n) if i != 3]
     finally:
-        event.remove(Engine, "connect", track._commit_fast)
+        event.remove(Engine, "connect", fast_commits)

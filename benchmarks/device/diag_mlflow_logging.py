@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from harness import track
+from harness.sqlite_commits import fast_commits
 
 
 def _record(study: str, n: int) -> dict:
@@ -66,8 +67,8 @@ def run(trials: int, how: str) -> dict[str, float]:
         assert len(points) == trials, len(points)
         return {"how": how, "init_s": round(init_s, 3), "ms_per_trial": round(per * 1e3, 2)}
     finally:
-        if event.contains(Engine, "connect", track._commit_fast):
-            event.remove(Engine, "connect", track._commit_fast)
+        if event.contains(Engine, "connect", fast_commits):
+            event.remove(Engine, "connect", fast_commits)
         shutil.rmtree(root, ignore_errors=True)
 
 
