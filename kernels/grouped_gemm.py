@@ -41,12 +41,12 @@ _CPU_PROGRAMS = 4
 
 @triton.jit
 def _tile_map(
-    tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, GROUP_M: tl.constexpr
+    tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """(expert, first row of the tile, the expert's end row, n-tile) of ``tile`` in the
+    """(expert, first row, the expert's end row, first column) of ``tile`` in the
     (virtual m-block, n-tile) grid, whose m-blocks run over the experts' blocks back to
-    back. Shared by the pointer and the TMA kernels. Returns the m-block's index within
-    the expert as well, as ``pid_m - blk0``."""
+    back. Shared by the pointer and the TMA kernels."""
     # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
     # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
     num_pid_in_group = GROUP_M * num_pid_n
@@ -62,12 +62,15 @@ def _tile_map(
     blk0 = tl.sum(tl.where(sel, cum - nblk, 0), 0)
     row0 = tl.sum(tl.where(sel, starts, 0), 0)
     row_end = tl.sum(tl.where(sel, ends, 0), 0)
-    return expert, row0, row_end, pid_m - blk0, pid_n
+    return expert, row0 + (pid_m - blk0) * BLOCK_M, row_end, pid_n * BLOCK_N
 
 
 @triton.jit
 def _gemm_tile(
-    tile,
+    m0,
+    n0,
+    expert,
+    row_end,
     a_ptr,
     w_ptr,
     out_ptr,
@@ -77,28 +80,17 @@ def _gemm_tile(
     stride_we,
     stride_wn,
     stride_om,
-    e_idx,
-    starts,
-    ends,
-    nblk,
-    cum,
-    num_pid_m,
-    num_pid_n,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """One BLOCK_M x BLOCK_N output tile (pointer loads)."""
-    expert, row0, row_end, local_m, pid_n = _tile_map(
-        tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, GROUP_M
-    )
-    rows = row0 + local_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    """The BLOCK_M x BLOCK_N output tile at (m0, n0) of ``expert`` (pointer loads)."""
+    rows = m0 + tl.arange(0, BLOCK_M)
     row_mask = rows < row_end
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = n0 + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     offs_k = tl.arange(0, BLOCK_K)
 
@@ -142,6 +134,34 @@ def _gemm_tile(
 
 
 @triton.jit
+def _gemm_tile_any(
+    tile, a_ptr, w_ptr, out_ptr, N, K, stride_am, stride_we, stride_wn, stride_om,
+    e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, HALF_TAILS: tl.constexpr, EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Tile ``tile`` of the pointer kernel; with HALF_TAILS, a tile whose rows (to its
+    expert's end) or columns (to N) fill at most half the block runs as a half-height
+    or half-width tile, so the tails multiply less padding."""
+    expert, m0, row_end, n0 = _tile_map(
+        tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M
+    )
+    if HALF_TAILS and row_end - m0 <= BLOCK_M // 2:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+    elif HALF_TAILS and N - n0 <= BLOCK_N // 2:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M, BLOCK_N // 2, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+    else:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     a_ptr,
     w_ptr,
@@ -161,6 +181,7 @@ def _grouped_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    HALF_TAILS: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -181,26 +202,29 @@ def _grouped_gemm_kernel(
     if PERSISTENT:
         # Grid = number of SMs; each program strides over the exact tile count.
         for tile in tl.range(pid, total_tiles, NUM_PROGS):
-            _gemm_tile(
+            _gemm_tile_any(
                 tile, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
                 e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, UPCAST, IEEE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HALF_TAILS, EVEN_K, UPCAST, IEEE,
             )  # fmt: skip
     else:
         # The grid is an upper bound on the tiles; the programs past the real count idle.
         if pid < total_tiles:
-            _gemm_tile(
+            _gemm_tile_any(
                 pid, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
                 e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, UPCAST, IEEE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HALF_TAILS, EVEN_K, UPCAST, IEEE,
             )  # fmt: skip
 
 
 @triton.jit
 def _gemm_tile_tma(
-    tile,
+    m0,
+    n0,
+    expert,
+    row_end,
     a_desc,
     w_desc,
     out_desc,
@@ -208,34 +232,22 @@ def _gemm_tile_tma(
     N,
     K,
     stride_om,
-    e_idx,
-    starts,
-    ends,
-    nblk,
-    cum,
-    num_pid_m,
-    num_pid_n,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     WARP_SPEC_K: tl.constexpr,
 ):
-    """One output tile with TMA loads: ``a_desc`` covers A [M, K] in [BLOCK_M, BLOCK_K]
-    boxes, ``w_desc`` covers W viewed as [E*N, K] in [BLOCK_N, BLOCK_K] boxes. A box
-    does not stop at an expert's end: rows past it (the next expert's A rows, or the
-    next expert's W rows past N) are multiplied but masked at the store; rows and K
-    columns past the tensors' ends are zero-filled by the hardware. With TMA_STORE, a
-    tile whose rows all belong to its expert is written by ``out_desc`` (columns past N
-    are clipped by the hardware); an expert's last, partial tile keeps the masked store."""
-    expert, row0, row_end, local_m, pid_n = _tile_map(
-        tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, GROUP_M
-    )
-    m0 = row0 + local_m * BLOCK_M
-    n0 = pid_n * BLOCK_N
+    """The output tile at (m0, n0) of ``expert`` with TMA loads: ``a_desc`` covers
+    A [M, K] in [BLOCK_M, BLOCK_K] boxes, ``w_desc`` covers W viewed as [E*N, K] in
+    [BLOCK_N, BLOCK_K] boxes. A box does not stop at an expert's end: rows past it (the
+    next expert's A rows, or the next expert's W rows past N) are multiplied but masked
+    at the store; rows and K columns past the tensors' ends are zero-filled by the
+    hardware. With TMA_STORE, a tile whose rows all belong to its expert is written by
+    ``out_desc`` (columns past N are clipped by the hardware); an expert's last, partial
+    tile keeps the masked store."""
     # TMA coordinates are int32: E*N and M stay far below 2**31 rows.
     w_row = expert * N + n0
 
@@ -264,9 +276,39 @@ def _gemm_tile_tma(
 
 
 @triton.jit
+def _gemm_tile_tma_any(
+    tile, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+    e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, HALF_TAILS: tl.constexpr, TMA_STORE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
+):
+    """Tile ``tile`` of the TMA kernel; HALF_TAILS as in ``_gemm_tile_any``, with the
+    half-height A boxes of ``a_half`` and the half-width W boxes of ``w_half`` (the
+    half tiles keep the masked store: ``out_desc``'s box is the full tile's)."""
+    expert, m0, row_end, n0 = _tile_map(
+        tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M
+    )
+    if HALF_TAILS and row_end - m0 <= BLOCK_M // 2:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+    elif HALF_TAILS and N - n0 <= BLOCK_N // 2:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+    else:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+
+
+@triton.jit
 def _grouped_gemm_tma_kernel(
     a_desc,
+    a_half,
     w_desc,
+    w_half,
     out_desc,
     out_ptr,
     offs_ptr,
@@ -282,6 +324,7 @@ def _grouped_gemm_tma_kernel(
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
     FLATTEN: tl.constexpr,
+    HALF_TAILS: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -308,17 +351,19 @@ def _grouped_gemm_tma_kernel(
     if PERSISTENT:
         for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN,
                              warp_specialize=WARP_SPEC):
-            _gemm_tile_tma(
-                tile, a_desc, w_desc, out_desc, out_ptr, N, K, stride_om,
+            _gemm_tile_tma_any(
+                tile, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA_STORE, UPCAST, IEEE, False,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HALF_TAILS, TMA_STORE, UPCAST, IEEE,
+                False,
             )  # fmt: skip
     else:
         if pid < total_tiles:
-            _gemm_tile_tma(
-                pid, a_desc, w_desc, out_desc, out_ptr, N, K, stride_om,
+            _gemm_tile_tma_any(
+                pid, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA_STORE, UPCAST, IEEE, WARP_SPEC,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HALF_TAILS, TMA_STORE, UPCAST, IEEE,
+                WARP_SPEC,
             )  # fmt: skip
 
 
@@ -420,6 +465,7 @@ class GroupedGemm(SingleLaunch, Kernel):
         "FLATTEN": 0,
         "TMA_STORE": 0,
         "WARP_SPEC": 0,
+        "HALF_TAILS": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -489,6 +535,7 @@ class GroupedGemm(SingleLaunch, Kernel):
         out = torch.empty(M, N, dtype=a.dtype, device=a.device)
         bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
         persistent = int(cfg["PERSISTENT"])
+        half_tails = bool(int(cfg["HALF_TAILS"]))
 
         # Virtual m-blocks: sum_e ceil(cnt_e / BM) <= M // BM + E, known without a sync.
         tiles_bound = (M // bm + E) * triton.cdiv(N, bn)
@@ -511,7 +558,13 @@ class GroupedGemm(SingleLaunch, Kernel):
             a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
             w_desc = TensorDescriptor.from_tensor(w.view(E * N, K), [bn, bk])
             out_desc = TensorDescriptor.from_tensor(out, [bm, bn])
-            args = (a_desc, w_desc, out_desc, out, offsets, N, K, E, out.stride(0), num_progs)
+            # The half tiles' boxes; without HALF_TAILS the full ones stand in, unused.
+            a_half, w_half = a_desc, w_desc
+            if half_tails:
+                a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
+                w_half = TensorDescriptor.from_tensor(w.view(E * N, K), [bn // 2, bk])
+            args = (a_desc, a_half, w_desc, w_half, out_desc, out, offsets, N, K, E,
+                    out.stride(0), num_progs)
             meta = {
                 "E_PAD": max(2, _next_pow2(E)),
                 "BLOCK_M": bm,
@@ -520,6 +573,7 @@ class GroupedGemm(SingleLaunch, Kernel):
                 "GROUP_M": int(cfg["GROUP_M"]),
                 "PERSISTENT": persistent,
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
+                "HALF_TAILS": half_tails,
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
                 "UPCAST": upcast,
@@ -539,6 +593,7 @@ class GroupedGemm(SingleLaunch, Kernel):
             "BLOCK_K": bk,
             "GROUP_M": int(cfg["GROUP_M"]),
             "PERSISTENT": persistent,
+            "HALF_TAILS": half_tails,
             "EVEN_K": K % bk == 0,
             "UPCAST": upcast,
             # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
@@ -627,6 +682,13 @@ class GroupedGemm(SingleLaunch, Kernel):
                 return "WARP_SPEC=1 needs USE_TMA=1"
             if device.vendor != "nvidia" and not device.interpreted:
                 return f"WARP_SPEC=1: Triton warp-specializes on NVIDIA GPUs only, not {device.key}"
+        if int(cfg["HALF_TAILS"]):
+            # The half tiles are still tl.dot tiles (>= 16 a side); a flattened loop is
+            # one software pipeline of one tile shape.
+            if min(bm, bn) < 32:
+                return f"HALF_TAILS=1: half of BLOCK_M={bm} / BLOCK_N={bn} is below 16"
+            if flatten:
+                return "HALF_TAILS=1 with FLATTEN=1: the flattened pipeline has one tile shape"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

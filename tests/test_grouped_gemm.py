@@ -274,6 +274,37 @@ def test_warp_spec_matches_pointer_path(persistent: int, fp16_inputs: dict) -> N
     assert torch.equal(out_ws, KERNEL.launcher(fp16_inputs, shape, base)())
 
 
+@pytest.mark.parametrize("use_tma,persistent,tma_store",
+                         [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (1, 0, 1)])
+@pytest.mark.parametrize("n", [160, 224])
+def test_half_tails(use_tma: int, persistent: int, tma_store: int, n: int) -> None:
+    """HALF_TAILS: with 64x128 tiles, experts whose last block holds <= 32 rows (1, 32,
+    97 rows) take the half-height path, 33 and 64 the full one; N = 160 leaves a 32-wide
+    last n-tile (the half-width path), N = 224 a 96-wide one (full, masked). An empty
+    expert sits between them."""
+    counts = [1, 32, 33, 0, 97, 64]
+    shape = _shape(counts, n, 96)
+    inputs = make_grouped_inputs(counts, n, 96, "fp32", seed=n + use_tma, device="cpu")
+    config = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 4, "HALF_TAILS": 1,
+              "PERSISTENT": persistent, "USE_TMA": use_tma, "TMA_STORE": tma_store}
+    out = _check(inputs, shape, config, "fp32")
+    # Every row and column is written by some path (NaN-filled buffer comes back clean).
+    fn = KERNEL.launcher(inputs, shape, config)
+    fn().fill_(float("nan"))
+    assert not torch.isnan(fn()).any()
+    assert out.shape == (sum(counts), n)
+
+
+def test_half_tails_pruning() -> None:
+    seed = KERNEL.shapes["deepseek-v3-16b"]
+    half = {"USE_TMA": 1, "HALF_TAILS": 1, "BLOCK_N": 256, "num_warps": 8}
+    assert KERNEL.check_config(half, seed, H100) is None
+    assert KERNEL.check_config({**half, "USE_TMA": 0}, seed, A100) is None
+    assert "below 16" in KERNEL.check_config({**half, "BLOCK_M": 16}, seed, H100)
+    flat = {**half, "PERSISTENT": 1, "FLATTEN": 1}
+    assert "one tile shape" in KERNEL.check_config(flat, seed, H100)
+
+
 def test_warp_spec_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
     assert KERNEL.check_config({"USE_TMA": 1, "WARP_SPEC": 1}, seed, H100) is None
@@ -339,6 +370,8 @@ GPU_CONFIGS = [
      "num_stages": 2, "PERSISTENT": 1},
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 0},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8,
+     "num_stages": 4, "PERSISTENT": 1, "HALF_TAILS": 1},
 ]  # fmt: skip
 
 
@@ -392,6 +425,14 @@ TMA_CONFIGS = [
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "FLATTEN": 1},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "TMA_STORE": 1},
+    # Half tiles: 1408 = 5 x 256 + 128 (the last n-tile half-width); 256-row blocks leave
+    # many experts' last block at <= 128 rows (half-height).
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "HALF_TAILS": 1, "TMA_STORE": 1},
+    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
+     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "HALF_TAILS": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "HALF_TAILS": 1},
 ]  # fmt: skip
 
 
@@ -419,7 +460,8 @@ def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("extra", [{}, {"FLATTEN": 1}, {"TMA_STORE": 1}, {"WARP_SPEC": 1},
-                                   {"WARP_SPEC": 1, "PERSISTENT": 0}], ids=str)
+                                   {"WARP_SPEC": 1, "PERSISTENT": 0},
+                                   {"HALF_TAILS": 1, "PERSISTENT": 0}], ids=str)
 def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> None:
     counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
     shape = _shape(counts, 1408, 2048)
