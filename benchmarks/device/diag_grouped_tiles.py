@@ -44,6 +44,12 @@ CONFIGS = {
     "256x128 w8 s3": H,
     "256x128 w8 s3 half": {**H, "HALF_TAILS": 1},
     "256x128 w8 s4 half": {**H, "HALF_TAILS": 1, "num_stages": 4},
+    "256x128x32 w8 s6 half": {**H, "HALF_TAILS": 1, "BLOCK_K": 32, "num_stages": 6},
+    "256x128x32 w8 s7 half": {**H, "HALF_TAILS": 1, "BLOCK_K": 32, "num_stages": 7},
+    "256x128 w8 s4 half G8": {**H, "HALF_TAILS": 1, "num_stages": 4, "GROUP_M": 8},
+    "256x128 w8 s4 half WS": {**H, "HALF_TAILS": 1, "num_stages": 4, "WARP_SPEC": 1},
+    "128x128 w4 s3 G8": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "GROUP_M": 8},
+    "128x128 w4 s4": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4},
     "pointer 128x256x32 w8 s4 half": {**W, "USE_TMA": 0, "HALF_TAILS": 1, "BLOCK_K": 32,
                                       "num_stages": 4},
 }
@@ -65,6 +71,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default="")
     ap.add_argument("--only", default="", help="comma-separated config names")
+    ap.add_argument("--problems", default="log-normal,balanced,dense E=1")
     args = ap.parse_args()
     configs = ({k: v for k, v in CONFIGS.items() if k in args.only.split(",")}
                if args.only else CONFIGS)
@@ -74,6 +81,7 @@ def main() -> None:
         "balanced": (Balanced(), seed_shape),
         "dense E=1": (GroupedGemm(), {**seed_shape, "E": 1}),
     }
+    problems = {k: v for k, v in problems.items() if k in args.problems.split(",")}
     m = Measurer(Timing(25, 100))
     results: dict[str, dict[str, list[float]]] = {p: {} for p in problems}
     notes: dict[str, str] = {}
@@ -95,7 +103,7 @@ def main() -> None:
                 if res.ok:
                     results[prob].setdefault(name, []).append(res.latency_ms)
                     print(f"round {r} {prob} {name}: {res.latency_ms:.4f} ms", flush=True)
-    dense_key = next(k for k in results["balanced"] if k.startswith("dense"))
+    dense_key = next(k for k in results[next(iter(problems))] if k.startswith("dense"))
     print("\n| problem | variant | median ms | dense cuBLAS / variant, median of same-round "
           "ratios | TFLOP/s |\n|---|---|---|---|---|")
     flops = 2.0 * seed_shape["M"] * seed_shape["N"] * seed_shape["K"]
