@@ -197,38 +197,51 @@ class Launch:
             init()
 
 
-class SingleLaunch:
-    """Mix-in for a family whose config is one Triton launch. The family defines
-    ``_launch(inputs, config) -> (jit_fn, grid, args, meta, out)`` once; the launcher and
-    ``compile_only`` (the fleet's compile-ahead hook) are both built from it, so the config
-    compiled ahead is exactly the one later launched."""
+class Launches:
+    """Mix-in for a family whose config is a fixed sequence of Triton launches. The
+    family defines ``_launches(inputs, config) -> (list[Launch], out)`` once; the
+    launcher runs them in order and ``compile_only`` / ``load_only`` (the fleet's
+    compile-ahead hooks) go over the same list, so what is compiled ahead is exactly what
+    later runs."""
 
-    def _launch(self, inputs: Inputs, config: Config) -> tuple[Any, tuple, tuple, dict, Any]:
+    def _launches(self, inputs: Inputs, config: Config) -> tuple[list[Launch], Any]:
         raise NotImplementedError
 
-    def _one(self, inputs: Inputs, config: Config) -> tuple[Launch, Any]:
-        jit_fn, grid, args, meta, out = self._launch(inputs, config)
-        return Launch(jit_fn, grid, args, meta), out
-
     def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
-        jit_fn, grid, args, meta, out = self._launch(inputs, config)
-        kernel = jit_fn[grid]
+        launches, out = self._launches(inputs, config)
+        # Bound once: indexing a JITFunction by its grid costs host time on every call.
+        bound = [(lc.fn[lc.grid], lc.args, lc.meta) for lc in launches]
 
         def run() -> Any:
-            kernel(*args, **meta)
+            for kernel, args, meta in bound:
+                kernel(*args, **meta)
             return out
 
         run.out = out  # type: ignore[attr-defined]
         return run
 
     def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
-        """Compile ``config`` as the launcher would launch it, without running it. The
-        inputs may be meta tensors: nothing is allocated or launched."""
-        self._one(inputs, config)[0].warmup()
+        """Compile ``config``'s launches as the launcher would launch them, without
+        running them. The inputs may be meta tensors: nothing is allocated or launched."""
+        for lc in self._launches(inputs, config)[0]:
+            lc.warmup()
 
     def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
-        """Bring ``config``'s binary into this process without launching (``Launch.load``)."""
-        self._one(inputs, config)[0].load()
+        """Bring ``config``'s binaries into this process without launching (``Launch.load``)."""
+        for lc in self._launches(inputs, config)[0]:
+            lc.load()
+
+
+class SingleLaunch(Launches):
+    """``Launches`` for a family whose config is one Triton launch: it defines
+    ``_launch(inputs, config) -> (jit_fn, grid, args, meta, out)``."""
+
+    def _launch(self, inputs: Inputs, config: Config) -> tuple[Any, tuple, tuple, dict, Any]:
+        raise NotImplementedError
+
+    def _launches(self, inputs: Inputs, config: Config) -> tuple[list[Launch], Any]:
+        jit_fn, grid, args, meta, out = self._launch(inputs, config)
+        return [Launch(jit_fn, grid, args, meta)], out
 
 
 def resolve(name_or_path: str) -> type[Kernel]:

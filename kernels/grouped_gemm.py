@@ -21,7 +21,16 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, SingleLaunch, Tolerance
+from harness.kernel_api import (
+    Config,
+    DeviceSpec,
+    Inputs,
+    Kernel,
+    Launch,
+    Launches,
+    Shape,
+    Tolerance,
+)
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -40,13 +49,53 @@ _CPU_PROGRAMS = 4
 
 
 @triton.jit
+def _expert_blocks(offs_ptr, E, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Per expert (padded to E_PAD): index, start row, end row, m-block count, and the
+    inclusive prefix sum of the counts (expert e owns virtual blocks [cum-nblk, cum))."""
+    e_idx = tl.arange(0, E_PAD)
+    e_mask = e_idx < E
+    starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
+    ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
+    nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
+    return e_idx, starts, ends, nblk, tl.cumsum(nblk, 0)
+
+
+@triton.jit
+def _block_table_kernel(
+    offs_ptr, table_ptr, E, NB,
+    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
+    its expert (-1 past the real blocks), first row and the expert's end row, as three
+    int32 rows of ``table``; then the real block count at ``table[3 * NB]``. The GEMM
+    kernel then reads three numbers per tile instead of reducing over the experts."""
+    e_idx, starts, ends, nblk, cum = _expert_blocks(offs_ptr, E, E_PAD, BLOCK_M)
+    b = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    # Empty experts add nothing to cum, so counting cum <= b skips them; past the real
+    # blocks every expert (the padding too) counts, so expert >= E marks them.
+    expert = tl.sum((cum[None, :] <= b[:, None]).to(tl.int32), 1)
+    sel = e_idx[None, :] == expert[:, None]
+    blk0 = tl.sum(tl.where(sel, (cum - nblk)[None, :], 0), 1)
+    row0 = tl.sum(tl.where(sel, starts[None, :], 0), 1)
+    row_end = tl.sum(tl.where(sel, ends[None, :], 0), 1)
+    live = b < NB
+    tl.store(table_ptr + b, tl.where(expert < E, expert, -1), mask=live)
+    tl.store(table_ptr + NB + b, row0 + (b - blk0) * BLOCK_M, mask=live)
+    tl.store(table_ptr + 2 * NB + b, row_end, mask=live)
+    if tl.program_id(0) == 0:
+        tl.store(table_ptr + 3 * NB, tl.sum(nblk, 0))
+
+
+@triton.jit
 def _tile_map(
-    tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+    tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
 ):
     """(expert, first row, the expert's end row, first column) of ``tile`` in the
     (virtual m-block, n-tile) grid, whose m-blocks run over the experts' blocks back to
-    back. Shared by the pointer and the TMA kernels."""
+    back; expert -1 for a tile past the real blocks (BLOCK_TABLE's bound grid). Shared by
+    the pointer and the TMA kernels."""
     # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
     # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
     num_pid_in_group = GROUP_M * num_pid_n
@@ -56,13 +105,40 @@ def _tile_map(
     pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
     pid_n = (tile % num_pid_in_group) // group_size_m
 
-    # Empty experts add nothing to cum, so counting cum <= pid_m skips them.
-    expert = tl.sum((cum <= pid_m).to(tl.int32), 0)
-    sel = e_idx == expert
-    blk0 = tl.sum(tl.where(sel, cum - nblk, 0), 0)
-    row0 = tl.sum(tl.where(sel, starts, 0), 0)
-    row_end = tl.sum(tl.where(sel, ends, 0), 0)
-    return expert, row0 + (pid_m - blk0) * BLOCK_M, row_end, pid_n * BLOCK_N
+    if BLOCK_TABLE:
+        expert = tl.load(table_ptr + pid_m)
+        m0 = tl.load(table_ptr + NB + pid_m)
+        row_end = tl.load(table_ptr + 2 * NB + pid_m)
+    else:
+        # Block-wide reductions on every tile's critical path (BLOCK_TABLE's reason).
+        # Empty experts add nothing to cum, so counting cum <= pid_m skips them.
+        expert = tl.sum((cum <= pid_m).to(tl.int32), 0)
+        sel = e_idx == expert
+        blk0 = tl.sum(tl.where(sel, cum - nblk, 0), 0)
+        row0 = tl.sum(tl.where(sel, starts, 0), 0)
+        row_end = tl.sum(tl.where(sel, ends, 0), 0)
+        m0 = row0 + (pid_m - blk0) * BLOCK_M
+    return expert, m0, row_end, pid_n * BLOCK_N
+
+
+@triton.jit
+def _prologue(
+    offs_ptr, table_ptr, E, NB, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    PERSISTENT: tl.constexpr, BLOCK_TABLE: tl.constexpr,
+):
+    """A program's start: the per-expert vectors ``_tile_map`` reduces over and the
+    m-block count. With BLOCK_TABLE the vectors are not needed (stand-ins, never read);
+    a persistent program reads the real count from the table, a one-tile program takes
+    the bound NB (its tile says expert -1 when past the real blocks)."""
+    if BLOCK_TABLE:
+        e_idx = tl.arange(0, E_PAD)
+        if PERSISTENT:
+            num_pid_m = tl.load(table_ptr + 3 * NB)
+        else:
+            num_pid_m = NB
+        return e_idx, e_idx, e_idx, e_idx, e_idx, num_pid_m
+    e_idx, starts, ends, nblk, cum = _expert_blocks(offs_ptr, E, E_PAD, BLOCK_M)
+    return e_idx, starts, ends, nblk, cum, tl.sum(nblk, 0)
 
 
 @triton.jit
@@ -136,18 +212,21 @@ def _gemm_tile(
 @triton.jit
 def _gemm_tile_any(
     tile, a_ptr, w_ptr, out_ptr, N, K, stride_am, stride_we, stride_wn, stride_om,
-    e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, HALF_TAILS: tl.constexpr, EVEN_K: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, HALF_TAILS: tl.constexpr,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     """Tile ``tile`` of the pointer kernel; with HALF_TAILS, a tile whose rows (to its
     expert's end) or columns (to N) fill at most half the block runs as a half-height
     or half-width tile, so the tails multiply less padding."""
     expert, m0, row_end, n0 = _tile_map(
-        tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M
+        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+        BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE,
     )
-    if HALF_TAILS and row_end - m0 <= BLOCK_M // 2:
+    if expert < 0:
+        pass
+    elif HALF_TAILS and row_end - m0 <= BLOCK_M // 2:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
@@ -167,9 +246,11 @@ def _grouped_gemm_kernel(
     w_ptr,
     out_ptr,
     offs_ptr,
+    table_ptr,
     N,
     K,
     E,
+    NB,
     stride_am,
     stride_we,
     stride_wn,
@@ -181,21 +262,16 @@ def _grouped_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
     HALF_TAILS: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     pid = tl.program_id(0)
-
-    # Per-expert m-block counts and their prefix sum, from the device-side offsets.
-    e_idx = tl.arange(0, E_PAD)
-    e_mask = e_idx < E
-    starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
-    ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
-    nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
-    cum = tl.cumsum(nblk, 0)  # inclusive: expert e owns virtual blocks [cum-nblk, cum)
-    num_pid_m = tl.sum(nblk, 0)
+    e_idx, starts, ends, nblk, cum, num_pid_m = _prologue(
+        offs_ptr, table_ptr, E, NB, E_PAD, BLOCK_M, PERSISTENT, BLOCK_TABLE
+    )
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
 
@@ -205,8 +281,9 @@ def _grouped_gemm_kernel(
             _gemm_tile_any(
                 tile, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
-                e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HALF_TAILS, EVEN_K, UPCAST, IEEE,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, HALF_TAILS, EVEN_K,
+                UPCAST, IEEE,
             )  # fmt: skip
     else:
         # The grid is an upper bound on the tiles; the programs past the real count idle.
@@ -214,8 +291,9 @@ def _grouped_gemm_kernel(
             _gemm_tile_any(
                 pid, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
-                e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HALF_TAILS, EVEN_K, UPCAST, IEEE,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, HALF_TAILS, EVEN_K,
+                UPCAST, IEEE,
             )  # fmt: skip
 
 
@@ -278,18 +356,22 @@ def _gemm_tile_tma(
 @triton.jit
 def _gemm_tile_tma_any(
     tile, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
-    e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
+    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, HALF_TAILS: tl.constexpr, TMA_STORE: tl.constexpr,
+    GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, HALF_TAILS: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
 ):
     """Tile ``tile`` of the TMA kernel; HALF_TAILS as in ``_gemm_tile_any``, with the
     half-height A boxes of ``a_half`` and the half-width W boxes of ``w_half`` (the
     half tiles keep the masked store: ``out_desc``'s box is the full tile's)."""
     expert, m0, row_end, n0 = _tile_map(
-        tile, e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M
+        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+        BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE,
     )
-    if HALF_TAILS and row_end - m0 <= BLOCK_M // 2:
+    if expert < 0:
+        pass
+    elif HALF_TAILS and row_end - m0 <= BLOCK_M // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
@@ -312,9 +394,11 @@ def _grouped_gemm_tma_kernel(
     out_desc,
     out_ptr,
     offs_ptr,
+    table_ptr,
     N,
     K,
     E,
+    NB,
     stride_om,
     NUM_PROGS,
     E_PAD: tl.constexpr,
@@ -324,6 +408,7 @@ def _grouped_gemm_tma_kernel(
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
     FLATTEN: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
     HALF_TAILS: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -338,13 +423,9 @@ def _grouped_gemm_tma_kernel(
     producer warp group, MMAs by the others): the tile loop of the persistent kernel, the
     K loop of the other."""
     pid = tl.program_id(0)
-    e_idx = tl.arange(0, E_PAD)
-    e_mask = e_idx < E
-    starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
-    ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
-    nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
-    cum = tl.cumsum(nblk, 0)
-    num_pid_m = tl.sum(nblk, 0)
+    e_idx, starts, ends, nblk, cum, num_pid_m = _prologue(
+        offs_ptr, table_ptr, E, NB, E_PAD, BLOCK_M, PERSISTENT, BLOCK_TABLE
+    )
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
 
@@ -353,16 +434,18 @@ def _grouped_gemm_tma_kernel(
                              warp_specialize=WARP_SPEC):
             _gemm_tile_tma_any(
                 tile, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
-                e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HALF_TAILS, TMA_STORE, UPCAST, IEEE,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, HALF_TAILS, TMA_STORE,
+                UPCAST, IEEE,
                 False,
             )  # fmt: skip
     else:
         if pid < total_tiles:
             _gemm_tile_tma_any(
                 pid, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
-                e_idx, starts, ends, nblk, cum, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HALF_TAILS, TMA_STORE, UPCAST, IEEE,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, HALF_TAILS, TMA_STORE,
+                UPCAST, IEEE,
                 WARP_SPEC,
             )  # fmt: skip
 
@@ -446,7 +529,7 @@ def _dense_baseline(inputs: Inputs, shape: Shape) -> Callable[[], torch.Tensor]:
     return lambda: torch.mm(a, b, out=out)
 
 
-class GroupedGemm(SingleLaunch, Kernel):
+class GroupedGemm(Launches, Kernel):
     """Contiguous grouped GEMM: ``out[M, N] = A[rows of e] @ W[e]^T`` for each expert e."""
 
     name: ClassVar[str] = "grouped_gemm"
@@ -466,6 +549,7 @@ class GroupedGemm(SingleLaunch, Kernel):
         "TMA_STORE": 0,
         "WARP_SPEC": 0,
         "HALF_TAILS": 0,
+        "BLOCK_TABLE": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -522,10 +606,9 @@ class GroupedGemm(SingleLaunch, Kernel):
                 torch.mm(a[lo:hi], w[e].t(), out=out[lo:hi])
         return out
 
-    def _launch(
-        self, inputs: Inputs, config: Config
-    ) -> tuple[Any, tuple, tuple, dict, torch.Tensor]:
-        """(kernel, grid, args, meta, out): what the launcher and compile_only hand Triton."""
+    def _launches(self, inputs: Inputs, config: Config) -> tuple[list[Launch], torch.Tensor]:
+        """The config's launches (the block table's first with BLOCK_TABLE, then the
+        GEMM) and the output: what the launcher runs and compile_only compiles."""
         cfg = {**self.default_config, **config}
         a, w, offsets = inputs["a"], inputs["w"], inputs["offsets"]
         M, K = a.shape
@@ -536,11 +619,26 @@ class GroupedGemm(SingleLaunch, Kernel):
         bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
         persistent = int(cfg["PERSISTENT"])
         half_tails = bool(int(cfg["HALF_TAILS"]))
+        block_table = bool(int(cfg["BLOCK_TABLE"]))
+        e_pad = max(2, _next_pow2(E))
 
         # Virtual m-blocks: sum_e ceil(cnt_e / BM) <= M // BM + E, known without a sync.
-        tiles_bound = (M // bm + E) * triton.cdiv(N, bn)
+        nb = M // bm + E
+        tiles_bound = nb * triton.cdiv(N, bn)
         num_progs = max(1, min(_num_sms(a.device), tiles_bound)) if persistent else 1
         grid = (num_progs if persistent else max(1, tiles_bound),)
+        launches: list[Launch] = []
+        # Unused without BLOCK_TABLE: the offsets stand in for the pointer.
+        table = offsets
+        if block_table:
+            # Allocated once per launcher, refilled by every call (the routing may change
+            # between calls on the same buffers).
+            table = torch.empty(3 * nb + 1, dtype=torch.int32, device=a.device)
+            chunk = max(16, min(256, 4096 // e_pad))
+            launches.append(Launch(
+                _block_table_kernel, (triton.cdiv(nb, chunk),), (offsets, table, E, nb),
+                {"E_PAD": e_pad, "BLOCK_M": bm, "CHUNK": chunk, "num_warps": 4},
+            ))  # fmt: skip
 
         launch_kw: dict[str, Any] = {
             "num_warps": int(cfg["num_warps"]),
@@ -550,8 +648,20 @@ class GroupedGemm(SingleLaunch, Kernel):
             launch_kw.update({k: cfg[k] for k in _AMD_KWARGS if k in cfg})
 
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        upcast = interpreted and a.dtype != torch.float32
-        ieee = a.dtype == torch.float32
+        common = {
+            "E_PAD": e_pad,
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": bk,
+            "GROUP_M": int(cfg["GROUP_M"]),
+            "PERSISTENT": persistent,
+            "BLOCK_TABLE": block_table,
+            "HALF_TAILS": half_tails,
+            "UPCAST": interpreted and a.dtype != torch.float32,
+            # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
+            "IEEE": a.dtype == torch.float32,
+            **launch_kw,
+        }
         if int(cfg.get("USE_TMA", 0)):
             self._check_tma_layout(a, w)
             # The descriptors are built once, here, not per launch.
@@ -563,44 +673,24 @@ class GroupedGemm(SingleLaunch, Kernel):
             if half_tails:
                 a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
                 w_half = TensorDescriptor.from_tensor(w.view(E * N, K), [bn // 2, bk])
-            args = (a_desc, a_half, w_desc, w_half, out_desc, out, offsets, N, K, E,
+            args = (a_desc, a_half, w_desc, w_half, out_desc, out, offsets, table, N, K, E, nb,
                     out.stride(0), num_progs)
             meta = {
-                "E_PAD": max(2, _next_pow2(E)),
-                "BLOCK_M": bm,
-                "BLOCK_N": bn,
-                "BLOCK_K": bk,
-                "GROUP_M": int(cfg["GROUP_M"]),
-                "PERSISTENT": persistent,
+                **common,
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
-                "HALF_TAILS": half_tails,
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
-                "UPCAST": upcast,
-                "IEEE": ieee,
-                **launch_kw,
             }
-            return _grouped_gemm_tma_kernel, grid, args, meta, out
+            launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
+            return launches, out
         args = (
-            a, w, out, offsets, N, K, E,
+            a, w, out, offsets, table, N, K, E, nb,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0),
             num_progs,
         )  # fmt: skip
-        meta = {
-            "E_PAD": max(2, _next_pow2(E)),
-            "BLOCK_M": bm,
-            "BLOCK_N": bn,
-            "BLOCK_K": bk,
-            "GROUP_M": int(cfg["GROUP_M"]),
-            "PERSISTENT": persistent,
-            "HALF_TAILS": half_tails,
-            "EVEN_K": K % bk == 0,
-            "UPCAST": upcast,
-            # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
-            "IEEE": ieee,
-            **launch_kw,
-        }
-        return _grouped_gemm_kernel, grid, args, meta, out
+        meta = {**common, "EVEN_K": K % bk == 0}
+        launches.append(Launch(_grouped_gemm_kernel, grid, args, meta))
+        return launches, out
 
     @staticmethod
     def _check_tma_layout(a: torch.Tensor, w: torch.Tensor) -> None:

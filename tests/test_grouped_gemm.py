@@ -295,6 +295,27 @@ def test_half_tails(use_tma: int, persistent: int, tma_store: int, n: int) -> No
     assert out.shape == (sum(counts), n)
 
 
+@pytest.mark.parametrize("use_tma,persistent,half", [(0, 0, 0), (0, 1, 1), (1, 0, 1), (1, 1, 0)])
+@pytest.mark.parametrize("group_m", [1, 4])
+def test_block_table(use_tma: int, persistent: int, half: int, group_m: int) -> None:
+    """BLOCK_TABLE: the first launch writes each virtual block's expert, first row and
+    end row; empty experts first, in the middle and last, tails off the grid. The table
+    is refilled by every call: new routing in the same offsets buffer, same launcher."""
+    counts = [0, 1, 70, 0, 33, 129, 0]
+    shape = _shape(counts, 96, 64)
+    inputs = make_grouped_inputs(counts, 96, 64, "fp32", seed=group_m + 10 * use_tma,
+                                 device="cpu")
+    config = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": group_m,
+              "BLOCK_TABLE": 1, "PERSISTENT": persistent, "USE_TMA": use_tma,
+              "HALF_TAILS": half}
+    _check(inputs, shape, config, "fp32")
+    fn = KERNEL.launcher(inputs, shape, config)
+    moved = [17, 0, 100, 33, 0, 83, 0]  # same M, rows moved between experts
+    inputs["offsets"].copy_(torch.tensor(grouped_gemm.counts_to_offsets(moved)))
+    inputs["offsets_host"] = grouped_gemm.counts_to_offsets(moved)
+    torch.testing.assert_close(fn(), KERNEL.reference(inputs, shape), atol=1e-4, rtol=1e-4)
+
+
 def test_half_tails_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
     half = {"USE_TMA": 1, "HALF_TAILS": 1, "BLOCK_N": 256, "num_warps": 8}
@@ -372,6 +393,8 @@ GPU_CONFIGS = [
      "num_stages": 3, "PERSISTENT": 0},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8,
      "num_stages": 4, "PERSISTENT": 1, "HALF_TAILS": 1},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4,
+     "num_stages": 3, "PERSISTENT": 0, "BLOCK_TABLE": 1},
 ]  # fmt: skip
 
 
@@ -433,6 +456,10 @@ TMA_CONFIGS = [
      "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "HALF_TAILS": 1},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "HALF_TAILS": 1},
+    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
+     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "HALF_TAILS": 1, "BLOCK_TABLE": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
+     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "BLOCK_TABLE": 1, "TMA_STORE": 1},
 ]  # fmt: skip
 
 
@@ -461,7 +488,9 @@ def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("extra", [{}, {"FLATTEN": 1}, {"TMA_STORE": 1}, {"WARP_SPEC": 1},
                                    {"WARP_SPEC": 1, "PERSISTENT": 0},
-                                   {"HALF_TAILS": 1, "PERSISTENT": 0}], ids=str)
+                                   {"HALF_TAILS": 1, "PERSISTENT": 0},
+                                   {"BLOCK_TABLE": 1}, {"BLOCK_TABLE": 1, "PERSISTENT": 0}],
+                         ids=str)
 def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> None:
     counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
     shape = _shape(counts, 1408, 2048)

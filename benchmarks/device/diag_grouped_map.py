@@ -7,7 +7,8 @@ the critical path of every tile) and the experts' weights streamed from DRAM (on
 expert's W per 3-6 m-blocks instead of one W for all). This times, on balanced routing
 (M / E rows per expert), for E = 1, 4, 16, 64:
 
-- the harness kernel (reduction lookup), 256x128 and 128x128 tiles;
+- the harness kernel (reduction lookup), 256x128 and 128x128 tiles, and with
+  BLOCK_TABLE (a first launch writes each block's expert and rows);
 - the same tile code with a closed-form lookup (expert = m-block // blocks per expert,
   valid for balanced routing only: a diagnostic, not a kernel to ship), and that again
   with every expert reading expert 0's W (a wrong result with a dense GEMM's W traffic:
@@ -86,6 +87,8 @@ def main() -> None:
             cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,
                    "num_stages": stages, "USE_TMA": 1, "GROUP_M": 1}
             fns[(E, f"harness {name}")] = fam.launcher(inputs, shape, cfg)
+            fns[(E, f"harness {name} BLOCK_TABLE")] = fam.launcher(
+                inputs, shape, {**cfg, "BLOCK_TABLE": 1})
             fns[(E, f"closed-form {name}")] = closed_form(inputs, E, (bm, bn, bk, warps, stages))
             if E > 1:
                 fns[(E, f"closed-form {name}, expert 0's W for all")] = closed_form(
