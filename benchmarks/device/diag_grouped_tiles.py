@@ -60,6 +60,9 @@ CONFIGS = {
                                     "BLOCK_TABLE": 1},
     "256x128 w8 s4 half persistent table": {**H, "HALF_TAILS": 1, "num_stages": 4,
                                             "PERSISTENT": 1, "BLOCK_TABLE": 1},
+    "256x128 w8 s4 half G2": {**H, "HALF_TAILS": 1, "num_stages": 4, "GROUP_M": 2},
+    "256x128 w8 s4 half G3": {**H, "HALF_TAILS": 1, "num_stages": 4, "GROUP_M": 3},
+    "256x128 w8 s4 half G4": {**H, "HALF_TAILS": 1, "num_stages": 4, "GROUP_M": 4},
     "pointer 128x256x32 w8 s4 half": {**W, "USE_TMA": 0, "HALF_TAILS": 1, "BLOCK_K": 32,
                                       "num_stages": 4},
 }
