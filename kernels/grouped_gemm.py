@@ -63,39 +63,79 @@ def _expert_blocks(offs_ptr, E, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
 @triton.jit
 def _block_table_kernel(
     offs_ptr, table_ptr, E, NB,
-    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
-    its expert (-1 past the real blocks), first row and the expert's end row, as three
-    int32 rows of ``table``; then the real block count at ``table[3 * NB]``. The GEMM
-    kernel then reads three numbers per tile instead of reducing over the experts."""
-    e_idx, starts, ends, nblk, cum = _expert_blocks(offs_ptr, E, E_PAD, BLOCK_M)
+    its expert (-1 past the real blocks), first row, the expert's end row and its height
+    class h (the tile is BLOCK_M >> h rows), as four int32 rows of ``table``; then the
+    real block count at ``table[4 * NB]``. The GEMM kernel reads four numbers per tile
+    instead of reducing over the experts.
+
+    An expert's rows become full BLOCK_M blocks, then its remainder r is covered by pieces
+    of BLOCK_M/2, BLOCK_M/4, ... (down to BLOCK_M >> TAIL_SPLIT rows): the set bits of
+    u = ceil(r / (BLOCK_M >> TAIL_SPLIT)), largest first; a remainder that needs every
+    piece is one full block instead. The padding is then under BLOCK_M >> TAIL_SPLIT
+    rows per expert."""
+    e_idx = tl.arange(0, E_PAD)
+    e_mask = e_idx < E
+    starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
+    ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
+    GRAIN: tl.constexpr = BLOCK_M >> TAIL_SPLIT
+    full = (ends - starts) // BLOCK_M
+    u = (ends - starts - full * BLOCK_M + GRAIN - 1) // GRAIN  # 0 .. 2**TAIL_SPLIT
+    whole = u == (1 << TAIL_SPLIT)
+    pieces = tl.zeros_like(u)
+    for i in tl.static_range(TAIL_SPLIT):
+        pieces += (u >> i) & 1
+    nblk = full + tl.where(whole, 1, pieces)
+    cum = tl.cumsum(nblk, 0)
+
     b = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     # Empty experts add nothing to cum, so counting cum <= b skips them; past the real
     # blocks every expert (the padding too) counts, so expert >= E marks them.
     expert = tl.sum((cum[None, :] <= b[:, None]).to(tl.int32), 1)
     sel = e_idx[None, :] == expert[:, None]
-    blk0 = tl.sum(tl.where(sel, (cum - nblk)[None, :], 0), 1)
+    j = b - tl.sum(tl.where(sel, (cum - nblk)[None, :], 0), 1)  # block within its expert
     row0 = tl.sum(tl.where(sel, starts[None, :], 0), 1)
     row_end = tl.sum(tl.where(sel, ends[None, :], 0), 1)
+    full_b = tl.sum(tl.where(sel, full[None, :], 0), 1)
+    u_b = tl.sum(tl.where(sel, u[None, :], 0), 1)
+    # The remainder's piece number j - full_b: walk u's bits from the largest piece.
+    piece = j - full_b
+    h = tl.zeros_like(b)
+    off = tl.zeros_like(b)
+    seen = tl.zeros_like(b)
+    pos = tl.zeros_like(b)
+    for i in tl.static_range(TAIL_SPLIT):
+        k: tl.constexpr = TAIL_SPLIT - 1 - i  # bit k: a piece of GRAIN << k rows
+        bit = (u_b >> k) & 1
+        hit = (bit == 1) & (seen == piece)
+        h = tl.where(hit, TAIL_SPLIT - k, h)
+        off = tl.where(hit, pos, off)
+        pos += bit * (GRAIN << k)
+        seen += bit
+    in_full = (piece < 0) | (u_b == (1 << TAIL_SPLIT))
+    m0 = row0 + tl.where(piece < 0, j * BLOCK_M, full_b * BLOCK_M + tl.where(in_full, 0, off))
     live = b < NB
     tl.store(table_ptr + b, tl.where(expert < E, expert, -1), mask=live)
-    tl.store(table_ptr + NB + b, row0 + (b - blk0) * BLOCK_M, mask=live)
+    tl.store(table_ptr + NB + b, m0, mask=live)
     tl.store(table_ptr + 2 * NB + b, row_end, mask=live)
+    tl.store(table_ptr + 3 * NB + b, tl.where(in_full, 0, h), mask=live)
     if tl.program_id(0) == 0:
-        tl.store(table_ptr + 3 * NB, tl.sum(nblk, 0))
+        tl.store(table_ptr + 4 * NB, tl.sum(nblk, 0))
 
 
 @triton.jit
 def _tile_map(
     tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCK_TABLE: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
 ):
-    """(expert, first row, the expert's end row, first column) of ``tile`` in the
-    (virtual m-block, n-tile) grid, whose m-blocks run over the experts' blocks back to
-    back; expert -1 for a tile past the real blocks (BLOCK_TABLE's bound grid). Shared by
-    the pointer and the TMA kernels."""
+    """(expert, first row, the expert's end row, first column, height class h) of
+    ``tile`` in the (virtual m-block, n-tile) grid, whose m-blocks run over the experts'
+    blocks back to back; the tile is BLOCK_M >> h rows high; expert -1 for a tile past
+    the real blocks (BLOCK_TABLE's bound grid). Shared by the pointer and the TMA
+    kernels."""
     # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
     # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
     num_pid_in_group = GROUP_M * num_pid_n
@@ -109,6 +149,7 @@ def _tile_map(
         expert = tl.load(table_ptr + pid_m)
         m0 = tl.load(table_ptr + NB + pid_m)
         row_end = tl.load(table_ptr + 2 * NB + pid_m)
+        h = tl.load(table_ptr + 3 * NB + pid_m)
     else:
         # Block-wide reductions on every tile's critical path (BLOCK_TABLE's reason).
         # Empty experts add nothing to cum, so counting cum <= pid_m skips them.
@@ -118,7 +159,9 @@ def _tile_map(
         row0 = tl.sum(tl.where(sel, starts, 0), 0)
         row_end = tl.sum(tl.where(sel, ends, 0), 0)
         m0 = row0 + (pid_m - blk0) * BLOCK_M
-    return expert, m0, row_end, pid_n * BLOCK_N
+        # One tile per block here: a last block of <= BLOCK_M / 2 rows runs half-height.
+        h = ((TAIL_SPLIT > 0) & (row_end - m0 <= BLOCK_M // 2)).to(tl.int32)
+    return expert, m0, row_end, pid_n * BLOCK_N, h
 
 
 @triton.jit
@@ -133,7 +176,7 @@ def _prologue(
     if BLOCK_TABLE:
         e_idx = tl.arange(0, E_PAD)
         if PERSISTENT:
-            num_pid_m = tl.load(table_ptr + 3 * NB)
+            num_pid_m = tl.load(table_ptr + 4 * NB)
         else:
             num_pid_m = NB
         return e_idx, e_idx, e_idx, e_idx, e_idx, num_pid_m
@@ -214,23 +257,27 @@ def _gemm_tile_any(
     tile, a_ptr, w_ptr, out_ptr, N, K, stride_am, stride_we, stride_wn, stride_om,
     e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, HALF_TAILS: tl.constexpr,
+    GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
-    """Tile ``tile`` of the pointer kernel; with HALF_TAILS, a tile whose rows (to its
-    expert's end) or columns (to N) fill at most half the block runs as a half-height
-    or half-width tile, so the tails multiply less padding."""
-    expert, m0, row_end, n0 = _tile_map(
+    """Tile ``tile`` of the pointer kernel. With TAIL_SPLIT, an expert's last rows run
+    as tiles of BLOCK_M >> h rows (``_tile_map``'s h), and a last n-tile of at most
+    BLOCK_N / 2 columns runs half-width, so the tails multiply less padding."""
+    expert, m0, row_end, n0, h = _tile_map(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-        BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE,
+        BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
     if expert < 0:
         pass
-    elif HALF_TAILS and row_end - m0 <= BLOCK_M // 2:
+    elif TAIL_SPLIT >= 2 and h == 2:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M // 4, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+    elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
-    elif HALF_TAILS and N - n0 <= BLOCK_N // 2:
+    elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M, BLOCK_N // 2, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
@@ -263,7 +310,7 @@ def _grouped_gemm_kernel(
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
-    HALF_TAILS: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -282,7 +329,7 @@ def _grouped_gemm_kernel(
                 tile, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, HALF_TAILS, EVEN_K,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
                 UPCAST, IEEE,
             )  # fmt: skip
     else:
@@ -292,7 +339,7 @@ def _grouped_gemm_kernel(
                 pid, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, HALF_TAILS, EVEN_K,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
                 UPCAST, IEEE,
             )  # fmt: skip
 
@@ -355,27 +402,31 @@ def _gemm_tile_tma(
 
 @triton.jit
 def _gemm_tile_tma_any(
-    tile, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+    tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
     e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, HALF_TAILS: tl.constexpr,
+    GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
 ):
-    """Tile ``tile`` of the TMA kernel; HALF_TAILS as in ``_gemm_tile_any``, with the
-    half-height A boxes of ``a_half`` and the half-width W boxes of ``w_half`` (the
-    half tiles keep the masked store: ``out_desc``'s box is the full tile's)."""
-    expert, m0, row_end, n0 = _tile_map(
+    """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
+    A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
+    smaller tiles keep the masked store: ``out_desc``'s box is the full tile's)."""
+    expert, m0, row_end, n0, h = _tile_map(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-        BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE,
+        BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
     if expert < 0:
         pass
-    elif HALF_TAILS and row_end - m0 <= BLOCK_M // 2:
+    elif TAIL_SPLIT >= 2 and h == 2:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+    elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
-    elif HALF_TAILS and N - n0 <= BLOCK_N // 2:
+    elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
@@ -389,6 +440,7 @@ def _gemm_tile_tma_any(
 def _grouped_gemm_tma_kernel(
     a_desc,
     a_half,
+    a_quarter,
     w_desc,
     w_half,
     out_desc,
@@ -409,7 +461,7 @@ def _grouped_gemm_tma_kernel(
     PERSISTENT: tl.constexpr,
     FLATTEN: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
-    HALF_TAILS: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -433,18 +485,18 @@ def _grouped_gemm_tma_kernel(
         for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN,
                              warp_specialize=WARP_SPEC):
             _gemm_tile_tma_any(
-                tile, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+                tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, HALF_TAILS, TMA_STORE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
                 False,
             )  # fmt: skip
     else:
         if pid < total_tiles:
             _gemm_tile_tma_any(
-                pid, a_desc, a_half, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+                pid, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, HALF_TAILS, TMA_STORE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
                 WARP_SPEC,
             )  # fmt: skip
@@ -548,7 +600,7 @@ class GroupedGemm(Launches, Kernel):
         "FLATTEN": 0,
         "TMA_STORE": 0,
         "WARP_SPEC": 0,
-        "HALF_TAILS": 0,
+        "TAIL_SPLIT": 0,
         "BLOCK_TABLE": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
@@ -618,12 +670,13 @@ class GroupedGemm(Launches, Kernel):
         out = torch.empty(M, N, dtype=a.dtype, device=a.device)
         bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
         persistent = int(cfg["PERSISTENT"])
-        half_tails = bool(int(cfg["HALF_TAILS"]))
+        tail_split = int(cfg["TAIL_SPLIT"])
         block_table = bool(int(cfg["BLOCK_TABLE"]))
         e_pad = max(2, _next_pow2(E))
 
-        # Virtual m-blocks: sum_e ceil(cnt_e / BM) <= M // BM + E, known without a sync.
-        nb = M // bm + E
+        # Virtual m-blocks, known without a sync: sum_e ceil(cnt_e / BM) <= M // BM + E,
+        # and with the table's split tails each expert adds at most TAIL_SPLIT pieces.
+        nb = M // bm + E * (max(1, tail_split) if block_table else 1)
         tiles_bound = nb * triton.cdiv(N, bn)
         num_progs = max(1, min(_num_sms(a.device), tiles_bound)) if persistent else 1
         grid = (num_progs if persistent else max(1, tiles_bound),)
@@ -633,11 +686,12 @@ class GroupedGemm(Launches, Kernel):
         if block_table:
             # Allocated once per launcher, refilled by every call (the routing may change
             # between calls on the same buffers).
-            table = torch.empty(3 * nb + 1, dtype=torch.int32, device=a.device)
+            table = torch.empty(4 * nb + 1, dtype=torch.int32, device=a.device)
             chunk = max(16, min(256, 4096 // e_pad))
             launches.append(Launch(
                 _block_table_kernel, (triton.cdiv(nb, chunk),), (offsets, table, E, nb),
-                {"E_PAD": e_pad, "BLOCK_M": bm, "CHUNK": chunk, "num_warps": 4},
+                {"E_PAD": e_pad, "BLOCK_M": bm, "TAIL_SPLIT": tail_split, "CHUNK": chunk,
+                 "num_warps": 4},
             ))  # fmt: skip
 
         launch_kw: dict[str, Any] = {
@@ -656,7 +710,7 @@ class GroupedGemm(Launches, Kernel):
             "GROUP_M": int(cfg["GROUP_M"]),
             "PERSISTENT": persistent,
             "BLOCK_TABLE": block_table,
-            "HALF_TAILS": half_tails,
+            "TAIL_SPLIT": tail_split,
             "UPCAST": interpreted and a.dtype != torch.float32,
             # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
             "IEEE": a.dtype == torch.float32,
@@ -668,13 +722,16 @@ class GroupedGemm(Launches, Kernel):
             a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
             w_desc = TensorDescriptor.from_tensor(w.view(E * N, K), [bn, bk])
             out_desc = TensorDescriptor.from_tensor(out, [bm, bn])
-            # The half tiles' boxes; without HALF_TAILS the full ones stand in, unused.
-            a_half, w_half = a_desc, w_desc
-            if half_tails:
+            # The smaller tiles' boxes; where a config has none, the full ones stand in.
+            a_half = a_quarter = a_desc
+            w_half = w_desc
+            if tail_split >= 1:
                 a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
                 w_half = TensorDescriptor.from_tensor(w.view(E * N, K), [bn // 2, bk])
-            args = (a_desc, a_half, w_desc, w_half, out_desc, out, offsets, table, N, K, E, nb,
-                    out.stride(0), num_progs)
+            if tail_split >= 2:
+                a_quarter = TensorDescriptor.from_tensor(a, [bm // 4, bk])
+            args = (a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out, offsets, table,
+                    N, K, E, nb, out.stride(0), num_progs)
             meta = {
                 **common,
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
@@ -772,13 +829,19 @@ class GroupedGemm(Launches, Kernel):
                 return "WARP_SPEC=1 needs USE_TMA=1"
             if device.vendor != "nvidia" and not device.interpreted:
                 return f"WARP_SPEC=1: Triton warp-specializes on NVIDIA GPUs only, not {device.key}"
-        if int(cfg["HALF_TAILS"]):
-            # The half tiles are still tl.dot tiles (>= 16 a side); a flattened loop is
+        split = int(cfg["TAIL_SPLIT"])
+        if split:
+            # The smaller tiles are still tl.dot tiles (>= 16 a side); a flattened loop is
             # one software pipeline of one tile shape.
-            if min(bm, bn) < 32:
-                return f"HALF_TAILS=1: half of BLOCK_M={bm} / BLOCK_N={bn} is below 16"
+            if split not in (1, 2):
+                return f"TAIL_SPLIT={split}: 0, 1 (halves) or 2 (halves and quarters)"
+            if bm >> split < 16 or bn < 32:
+                return (f"TAIL_SPLIT={split}: BLOCK_M={bm} >> {split} or half of "
+                        f"BLOCK_N={bn} is below 16")
+            if split == 2 and not int(cfg["BLOCK_TABLE"]):
+                return "TAIL_SPLIT=2 needs BLOCK_TABLE=1 (a tail of several pieces)"
             if flatten:
-                return "HALF_TAILS=1 with FLATTEN=1: the flattened pipeline has one tile shape"
+                return "TAIL_SPLIT with FLATTEN=1: the flattened pipeline has one tile shape"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

@@ -277,15 +277,15 @@ def test_warp_spec_matches_pointer_path(persistent: int, fp16_inputs: dict) -> N
 @pytest.mark.parametrize("use_tma,persistent,tma_store",
                          [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (1, 0, 1)])
 @pytest.mark.parametrize("n", [160, 224])
-def test_half_tails(use_tma: int, persistent: int, tma_store: int, n: int) -> None:
-    """HALF_TAILS: with 64x128 tiles, experts whose last block holds <= 32 rows (1, 32,
-    97 rows) take the half-height path, 33 and 64 the full one; N = 160 leaves a 32-wide
-    last n-tile (the half-width path), N = 224 a 96-wide one (full, masked). An empty
-    expert sits between them."""
+def test_tail_split_halves(use_tma: int, persistent: int, tma_store: int, n: int) -> None:
+    """TAIL_SPLIT=1 (no table): with 64x128 tiles, experts whose last block holds <= 32
+    rows (1, 32, 97 rows) take the half-height path, 33 and 64 the full one; N = 160
+    leaves a 32-wide last n-tile (the half-width path), N = 224 a 96-wide one (full,
+    masked). An empty expert sits between them."""
     counts = [1, 32, 33, 0, 97, 64]
     shape = _shape(counts, n, 96)
     inputs = make_grouped_inputs(counts, n, 96, "fp32", seed=n + use_tma, device="cpu")
-    config = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 4, "HALF_TAILS": 1,
+    config = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 4, "TAIL_SPLIT": 1,
               "PERSISTENT": persistent, "USE_TMA": use_tma, "TMA_STORE": tma_store}
     out = _check(inputs, shape, config, "fp32")
     # Every row and column is written by some path (NaN-filled buffer comes back clean).
@@ -295,19 +295,63 @@ def test_half_tails(use_tma: int, persistent: int, tma_store: int, n: int) -> No
     assert out.shape == (sum(counts), n)
 
 
-@pytest.mark.parametrize("use_tma,persistent,half", [(0, 0, 0), (0, 1, 1), (1, 0, 1), (1, 1, 0)])
+def _table_reference(counts: list[int], bm: int, split: int) -> list[tuple[int, int, int]]:
+    """(expert, first row, height) of every block the table should list, in order."""
+    grain, rows, out = bm >> split, 0, []
+    for e, c in enumerate(counts):
+        full, r = divmod(c, bm)
+        out += [(e, rows + i * bm, bm) for i in range(full)]
+        u = -(-r // grain)
+        if u == 1 << split:
+            out.append((e, rows + full * bm, bm))
+        else:
+            pos = rows + full * bm
+            for k in reversed(range(split)):
+                if u >> k & 1:
+                    out.append((e, pos, grain << k))
+                    pos += grain << k
+        rows += c
+    return out
+
+
+@pytest.mark.parametrize("split", [0, 1, 2])
+def test_block_table_contents(split: int) -> None:
+    """The table kernel's blocks against a plain-Python decomposition: full blocks, then
+    the remainder as halves/quarters (largest first), one full block when it needs all of
+    them; -1 past the real blocks and the real count after the four rows. Padding is
+    under one grain (BLOCK_M >> TAIL_SPLIT rows) per expert."""
+    counts = [0, 1, 16, 17, 48, 49, 63, 64, 65, 0, 200, 128, 127, 0]
+    bm = 64
+    inputs = make_grouped_inputs(counts, 32, 32, "fp32", seed=1, device="cpu")
+    config = {"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 32, "BLOCK_TABLE": 1,
+              "TAIL_SPLIT": split}
+    launches, _ = KERNEL._launches(inputs, config)
+    launches[0]()
+    table, nb = launches[0].args[1], launches[0].args[3]
+    want = _table_reference(counts, bm, split)
+    n = len(want)
+    got = list(zip(table[:n].tolist(), table[nb:nb + n].tolist(),
+                   [bm >> h for h in table[3 * nb:3 * nb + n].tolist()], strict=True))
+    assert got == want
+    assert (table[n:nb] == -1).all() and int(table[4 * nb]) == n
+    rows = sum(h for _, _, h in want)
+    assert rows - sum(counts) < (bm >> split) * sum(1 for c in counts if c)
+
+
+@pytest.mark.parametrize("use_tma,persistent,split", [(0, 0, 0), (0, 1, 1), (1, 0, 2),
+                                                       (1, 1, 0), (0, 0, 2), (1, 1, 2)])
 @pytest.mark.parametrize("group_m", [1, 4])
-def test_block_table(use_tma: int, persistent: int, half: int, group_m: int) -> None:
-    """BLOCK_TABLE: the first launch writes each virtual block's expert, first row and
-    end row; empty experts first, in the middle and last, tails off the grid. The table
-    is refilled by every call: new routing in the same offsets buffer, same launcher."""
+def test_block_table(use_tma: int, persistent: int, split: int, group_m: int) -> None:
+    """BLOCK_TABLE: the first launch writes each virtual block's expert, rows and height;
+    empty experts first, in the middle and last, tails off the grid. The table is
+    refilled by every call: new routing in the same offsets buffer, same launcher."""
     counts = [0, 1, 70, 0, 33, 129, 0]
     shape = _shape(counts, 96, 64)
     inputs = make_grouped_inputs(counts, 96, 64, "fp32", seed=group_m + 10 * use_tma,
                                  device="cpu")
-    config = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": group_m,
+    config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": group_m,
               "BLOCK_TABLE": 1, "PERSISTENT": persistent, "USE_TMA": use_tma,
-              "HALF_TAILS": half}
+              "TAIL_SPLIT": split}
     _check(inputs, shape, config, "fp32")
     fn = KERNEL.launcher(inputs, shape, config)
     moved = [17, 0, 100, 33, 0, 83, 0]  # same M, rows moved between experts
@@ -316,14 +360,20 @@ def test_block_table(use_tma: int, persistent: int, half: int, group_m: int) -> 
     torch.testing.assert_close(fn(), KERNEL.reference(inputs, shape), atol=1e-4, rtol=1e-4)
 
 
-def test_half_tails_pruning() -> None:
+def test_tail_split_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
-    half = {"USE_TMA": 1, "HALF_TAILS": 1, "BLOCK_N": 256, "num_warps": 8}
+    half = {"USE_TMA": 1, "TAIL_SPLIT": 1, "BLOCK_N": 256, "num_warps": 8}
     assert KERNEL.check_config(half, seed, H100) is None
     assert KERNEL.check_config({**half, "USE_TMA": 0}, seed, A100) is None
     assert "below 16" in KERNEL.check_config({**half, "BLOCK_M": 16}, seed, H100)
     flat = {**half, "PERSISTENT": 1, "FLATTEN": 1}
     assert "one tile shape" in KERNEL.check_config(flat, seed, H100)
+    quarters = {**half, "TAIL_SPLIT": 2}
+    assert "BLOCK_TABLE" in KERNEL.check_config(quarters, seed, H100)
+    assert KERNEL.check_config({**quarters, "BLOCK_TABLE": 1}, seed, H100) is None
+    assert "below 16" in KERNEL.check_config({**quarters, "BLOCK_TABLE": 1, "BLOCK_M": 32},
+                                             seed, H100)
+    assert "0, 1" in KERNEL.check_config({**half, "TAIL_SPLIT": 3}, seed, H100)
 
 
 def test_warp_spec_pruning() -> None:
@@ -392,9 +442,11 @@ GPU_CONFIGS = [
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 0},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 1, "HALF_TAILS": 1},
+     "num_stages": 4, "PERSISTENT": 1, "TAIL_SPLIT": 1},
     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4,
      "num_stages": 3, "PERSISTENT": 0, "BLOCK_TABLE": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 3, "PERSISTENT": 0, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
 ]  # fmt: skip
 
 
@@ -451,15 +503,20 @@ TMA_CONFIGS = [
     # Half tiles: 1408 = 5 x 256 + 128 (the last n-tile half-width); 256-row blocks leave
     # many experts' last block at <= 128 rows (half-height).
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "HALF_TAILS": 1, "TMA_STORE": 1},
+     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1},
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "HALF_TAILS": 1},
+     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 1},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "HALF_TAILS": 1},
+     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 1},
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "HALF_TAILS": 1, "BLOCK_TABLE": 1},
+     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 1, "BLOCK_TABLE": 1},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "BLOCK_TABLE": 1, "TMA_STORE": 1},
+    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
+     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 8,
+     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
+     "TMA_STORE": 1},
 ]  # fmt: skip
 
 
@@ -488,8 +545,9 @@ def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("extra", [{}, {"FLATTEN": 1}, {"TMA_STORE": 1}, {"WARP_SPEC": 1},
                                    {"WARP_SPEC": 1, "PERSISTENT": 0},
-                                   {"HALF_TAILS": 1, "PERSISTENT": 0},
-                                   {"BLOCK_TABLE": 1}, {"BLOCK_TABLE": 1, "PERSISTENT": 0}],
+                                   {"TAIL_SPLIT": 1, "PERSISTENT": 0},
+                                   {"BLOCK_TABLE": 1}, {"BLOCK_TABLE": 1, "PERSISTENT": 0},
+                                   {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "PERSISTENT": 0}],
                          ids=str)
 def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> None:
     counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8

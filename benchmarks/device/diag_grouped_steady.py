@@ -30,18 +30,14 @@ T = {"USE_TMA": 1, "PERSISTENT": 0, "FLATTEN": 0, "TMA_STORE": 0, "GROUP_M": 1,
 H = {**T, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8}
 CONFIGS = {
     "pack: 128x128x64 w4 s3": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4},
-    "256x128 w8 s4 half": {**H, "HALF_TAILS": 1, "num_stages": 4},
-    "256x128 w8 s4 half table": {**H, "HALF_TAILS": 1, "num_stages": 4, "BLOCK_TABLE": 1},
-    "256x128 w8 s3 persistent flat table": {**H, "PERSISTENT": 1, "FLATTEN": 1,
-                                            "BLOCK_TABLE": 1},
-    "256x128 w8 s3 persistent flat table G8": {**H, "PERSISTENT": 1, "FLATTEN": 1,
-                                               "BLOCK_TABLE": 1, "GROUP_M": 8},
-    "128x128 w4 s3 persistent flat table": {**T, "BLOCK_M": 128, "BLOCK_N": 128,
-                                            "num_warps": 4, "PERSISTENT": 1, "FLATTEN": 1,
-                                            "BLOCK_TABLE": 1},
-    "128x128 w8 s4 persistent flat table": {**T, "BLOCK_M": 128, "BLOCK_N": 128,
-                                            "num_warps": 8, "num_stages": 4, "PERSISTENT": 1,
-                                            "FLATTEN": 1, "BLOCK_TABLE": 1},
+    "256x128 w8 s4 split1": {**H, "TAIL_SPLIT": 1, "num_stages": 4},
+    "256x128 w8 s4 split1 table": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "BLOCK_TABLE": 1},
+    "256x128 w8 s4 split2 table": {**H, "TAIL_SPLIT": 2, "num_stages": 4, "BLOCK_TABLE": 1},
+    "256x128 w8 s3 split2 table": {**H, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1},
+    "128x128 w4 s3 split2 table": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4,
+                                   "TAIL_SPLIT": 2, "BLOCK_TABLE": 1},
+    "128x256 w8 s4 split2 table": {**T, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8,
+                                   "num_stages": 4, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1},
 }
 
 

@@ -5,8 +5,8 @@ routed rows, bf16) on three problems: the harness's log-normal routing, a balanc
 (768 rows = 6 x 128 = 3 x 256 per expert: no padding for either tile height), and E=1
 (one dense [49152, 2048] x [2048, 1408] GEMM through the same kernel: what this Triton
 reaches on the dense problem cuBLAS is compared on). 128x256 tiles over N = 1,408 = 5.5 x
-256 multiply 9 % padding unless HALF_TAILS runs the last n-tile half-width; 256-row
-tiles pad experts' ends unless HALF_TAILS runs a last block of <= 128 rows half-height.
+256 multiply 9 % padding unless TAIL_SPLIT runs the last n-tile half-width; 256-row
+tiles pad experts' ends unless TAIL_SPLIT runs a last block of <= 128 rows half-height.
 
 Every problem is timed against torch._grouped_mm and dense cuBLAS at the same FLOPs, in
 interleaved rounds (the GPU's clock moves under its power cap: only same-round ratios
@@ -34,36 +34,36 @@ H = {**T, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8}
 CONFIGS = {
     "pack: 128x128x64 w4 s3": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4},
     "128x256 w8 s3": W,
-    "128x256 w8 s3 half": {**W, "HALF_TAILS": 1},
-    "128x256 w8 s4 half": {**W, "HALF_TAILS": 1, "num_stages": 4},
-    "128x256 w8 s3 half G8": {**W, "HALF_TAILS": 1, "GROUP_M": 8},
-    "128x256 w8 s3 half store": {**W, "HALF_TAILS": 1, "TMA_STORE": 1},
-    "128x256x32 w8 s5 half": {**W, "HALF_TAILS": 1, "BLOCK_K": 32, "num_stages": 5},
-    "128x256 w8 s3 half WS": {**W, "HALF_TAILS": 1, "WARP_SPEC": 1},
-    "128x256 w8 s3 half persistent G8": {**W, "HALF_TAILS": 1, "PERSISTENT": 1, "GROUP_M": 8},
+    "128x256 w8 s3 half": {**W, "TAIL_SPLIT": 1},
+    "128x256 w8 s4 half": {**W, "TAIL_SPLIT": 1, "num_stages": 4},
+    "128x256 w8 s3 half G8": {**W, "TAIL_SPLIT": 1, "GROUP_M": 8},
+    "128x256 w8 s3 half store": {**W, "TAIL_SPLIT": 1, "TMA_STORE": 1},
+    "128x256x32 w8 s5 half": {**W, "TAIL_SPLIT": 1, "BLOCK_K": 32, "num_stages": 5},
+    "128x256 w8 s3 half WS": {**W, "TAIL_SPLIT": 1, "WARP_SPEC": 1},
+    "128x256 w8 s3 half persistent G8": {**W, "TAIL_SPLIT": 1, "PERSISTENT": 1, "GROUP_M": 8},
     "256x128 w8 s3": H,
-    "256x128 w8 s3 half": {**H, "HALF_TAILS": 1},
-    "256x128 w8 s4 half": {**H, "HALF_TAILS": 1, "num_stages": 4},
-    "256x128x32 w8 s6 half": {**H, "HALF_TAILS": 1, "BLOCK_K": 32, "num_stages": 6},
-    "256x128x32 w8 s7 half": {**H, "HALF_TAILS": 1, "BLOCK_K": 32, "num_stages": 7},
-    "256x128 w8 s4 half G8": {**H, "HALF_TAILS": 1, "num_stages": 4, "GROUP_M": 8},
-    "256x128 w8 s4 half WS": {**H, "HALF_TAILS": 1, "num_stages": 4, "WARP_SPEC": 1},
+    "256x128 w8 s3 half": {**H, "TAIL_SPLIT": 1},
+    "256x128 w8 s4 half": {**H, "TAIL_SPLIT": 1, "num_stages": 4},
+    "256x128x32 w8 s6 half": {**H, "TAIL_SPLIT": 1, "BLOCK_K": 32, "num_stages": 6},
+    "256x128x32 w8 s7 half": {**H, "TAIL_SPLIT": 1, "BLOCK_K": 32, "num_stages": 7},
+    "256x128 w8 s4 half G8": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "GROUP_M": 8},
+    "256x128 w8 s4 half WS": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "WARP_SPEC": 1},
     "128x128 w4 s3 G8": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "GROUP_M": 8},
     "128x128 w4 s4": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4},
     "pack + table": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "BLOCK_TABLE": 1},
-    "256x128 w8 s3 half table": {**H, "HALF_TAILS": 1, "BLOCK_TABLE": 1},
-    "256x128 w8 s4 half table": {**H, "HALF_TAILS": 1, "num_stages": 4, "BLOCK_TABLE": 1},
-    "256x128 w8 s4 half WS table": {**H, "HALF_TAILS": 1, "num_stages": 4, "WARP_SPEC": 1,
+    "256x128 w8 s3 half table": {**H, "TAIL_SPLIT": 1, "BLOCK_TABLE": 1},
+    "256x128 w8 s4 half table": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "BLOCK_TABLE": 1},
+    "256x128 w8 s4 half WS table": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "WARP_SPEC": 1,
                                     "BLOCK_TABLE": 1},
-    "128x256 w8 s4 half table": {**W, "HALF_TAILS": 1, "num_stages": 4, "BLOCK_TABLE": 1},
-    "128x256 w8 s4 half WS table": {**W, "HALF_TAILS": 1, "num_stages": 4, "WARP_SPEC": 1,
+    "128x256 w8 s4 half table": {**W, "TAIL_SPLIT": 1, "num_stages": 4, "BLOCK_TABLE": 1},
+    "128x256 w8 s4 half WS table": {**W, "TAIL_SPLIT": 1, "num_stages": 4, "WARP_SPEC": 1,
                                     "BLOCK_TABLE": 1},
-    "256x128 w8 s4 half persistent table": {**H, "HALF_TAILS": 1, "num_stages": 4,
+    "256x128 w8 s4 half persistent table": {**H, "TAIL_SPLIT": 1, "num_stages": 4,
                                             "PERSISTENT": 1, "BLOCK_TABLE": 1},
-    "256x128 w8 s4 half G2": {**H, "HALF_TAILS": 1, "num_stages": 4, "GROUP_M": 2},
-    "256x128 w8 s4 half G3": {**H, "HALF_TAILS": 1, "num_stages": 4, "GROUP_M": 3},
-    "256x128 w8 s4 half G4": {**H, "HALF_TAILS": 1, "num_stages": 4, "GROUP_M": 4},
-    "pointer 128x256x32 w8 s4 half": {**W, "USE_TMA": 0, "HALF_TAILS": 1, "BLOCK_K": 32,
+    "256x128 w8 s4 half G2": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "GROUP_M": 2},
+    "256x128 w8 s4 half G3": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "GROUP_M": 3},
+    "256x128 w8 s4 half G4": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "GROUP_M": 4},
+    "pointer 128x256x32 w8 s4 half": {**W, "USE_TMA": 0, "TAIL_SPLIT": 1, "BLOCK_K": 32,
                                       "num_stages": 4},
 }
 
