@@ -107,12 +107,12 @@ def _block_table_kernel(
     seen = tl.zeros_like(b)
     pos = tl.zeros_like(b)
     for i in tl.static_range(TAIL_SPLIT):
-        k: tl.constexpr = TAIL_SPLIT - 1 - i  # bit k: a piece of GRAIN << k rows
-        bit = (u_b >> k) & 1
+        # Bit TAIL_SPLIT-1-i of u: a piece of BLOCK_M >> (i + 1) rows, height class i + 1.
+        bit = (u_b >> (TAIL_SPLIT - 1 - i)) & 1
         hit = (bit == 1) & (seen == piece)
-        h = tl.where(hit, TAIL_SPLIT - k, h)
+        h = tl.where(hit, i + 1, h)
         off = tl.where(hit, pos, off)
-        pos += bit * (GRAIN << k)
+        pos += bit * (BLOCK_M >> (i + 1))
         seen += bit
     in_full = (piece < 0) | (u_b == (1 << TAIL_SPLIT))
     m0 = row0 + tl.where(piece < 0, j * BLOCK_M, full_b * BLOCK_M + tl.where(in_full, 0, off))
