@@ -80,6 +80,10 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         # Options of the persistent TMA kernel: alone they are pruned (tested below).
         assert KERNEL.check_config(config, shape, H100) is not None
         config.update(USE_TMA=1, PERSISTENT=1)
+    if name == "TAIL_SPLIT" and value == 2:
+        # Quarter tiles need the block table (tested below).
+        assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
+        config.update(BLOCK_TABLE=1)
     _check(fp16_inputs, shape, config, "fp16")
 
 

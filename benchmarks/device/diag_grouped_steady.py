@@ -52,6 +52,10 @@ def main() -> None:
     args = ap.parse_args()
     fam = GroupedGemm()
     M, N, K, E = (SHAPE[d] for d in ("M", "N", "K", "E"))
+    # The pack this checkout ships for this GPU, beside the fixed variants.
+    from harness import packs
+    hit = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
+    CONFIGS[f"this GPU's pack ({hit.source})"] = dict(hit.config)
     problems = {
         "log-normal": fam.make_inputs(SHAPE, "bf16", seed=0, device="cuda"),
         "balanced": make_grouped_inputs([M // E] * E, N, K, "bf16", seed=1, device="cuda"),
