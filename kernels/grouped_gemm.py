@@ -6,7 +6,10 @@ each expert's rows start (``offsets[0] = 0``, ``offsets[E] = M``), ``W`` [E, N, 
 
 The kernel needs no host sync and no per-call host preparation: each program reads the
 offsets vector itself, turns the per-expert row counts into per-expert m-block counts and
-their prefix sum, and maps its virtual m-block to (expert, local block) from that.
+their prefix sum, and maps its virtual m-block to (expert, local block) from that. With
+BLOCK_TABLE a first, small launch does that mapping once for every m-block and writes it
+to a table the GEMM reads (and may split each expert's last rows into half and quarter
+tiles, TAIL_SPLIT); the launch count stays fixed, so CUDA graphs capture it as well.
 """
 
 from __future__ import annotations
