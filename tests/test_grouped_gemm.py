@@ -578,3 +578,35 @@ def test_gpu_baselines(device: str, m: int) -> None:
     out = bl["torch._grouped_mm"](inputs, shape)()
     assert out.shape == ref.shape and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_tma", [0, 1])
+def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int) -> None:
+    """The block table's two launches capture into a CUDA graph (what MoE serving does);
+    a replay after the routing changed in the same offsets buffer gives the new answer."""
+    from harness import hardware
+
+    if use_tma and not hardware.current_device().has_tma:
+        pytest.skip("no TMA on this GPU")
+    counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
+    moved = counts[1:] + counts[:1]  # same M, the rows moved between experts
+    shape = _shape(counts, 1408, 2048)
+    inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=5, device=device)
+    config = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
+              "USE_TMA": use_tma, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2}
+    fn = KERNEL.launcher(inputs, shape, config)
+    fn()  # compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    for cnts in (counts, moved):
+        offs = grouped_gemm.counts_to_offsets(cnts)
+        inputs["offsets"].copy_(torch.tensor(offs, dtype=torch.int32))
+        inputs["offsets_host"] = offs
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), KERNEL.reference(inputs, shape),
+                                   atol=2e-2, rtol=2e-2)
