@@ -281,14 +281,19 @@ def poison(out: Any, inputs: Mapping[str, Any]) -> int:
 
 
 def _problem_id(kernel: Kernel, shape: Shape, dtype: str, seed: int) -> tuple:
-    return (kernel.name, tuple(sorted(shape.items())), dtype, seed)
+    # The class, not only the family's name: a subclass that keeps the name but makes
+    # other inputs (a different routing, say) must not be handed the held ones.
+    cls = type(kernel)
+    return (cls.__module__, cls.__qualname__, kernel.name, tuple(sorted(shape.items())),
+            dtype, seed)
 
 
 class Measurer:
     """Holds one problem's inputs and reference, and measures configs against them.
 
-    Keyed by (kernel, shape, dtype, seed): a worker keeps the last problem's inputs, so
-    the trials of one study share inputs and the reference is computed once.
+    Keyed by (kernel class and name, shape, dtype, seed): a worker keeps the last
+    problem's inputs, so the trials of one study share inputs and the reference is
+    computed once.
     """
 
     def __init__(self, timing: Timing | None = None, device: str | None = None):

@@ -269,3 +269,25 @@ def test_cpu_timing_takes_the_lower_median() -> None:
     p20, mid, p80, _ = measure.time_fn(lambda: time.sleep(next(delays)),
                                        measure.Timing(cpu_reps=2))
     assert mid == p20 < 20 <= p80
+
+
+def test_a_subclass_with_the_same_name_gets_its_own_inputs() -> None:
+    """The held problem is keyed by the family's class too: a subclass that keeps the
+    name but routes rows differently (a diagnostic's balanced routing) is measured on its
+    own inputs and reference, not on the ones its parent left (which made two routings
+    time alike in session 10's diagnostic)."""
+    from harness import measure
+    from kernels.grouped_gemm import GroupedGemm, counts_to_offsets
+
+    class Balanced(GroupedGemm):
+        @staticmethod
+        def routing_counts(shape, seed):
+            return [int(shape["M"]) // int(shape["E"])] * int(shape["E"])
+
+    shape = GroupedGemm.shapes["test"]
+    m = measure.Measurer(measure.Timing(1, 2), device="cpu")
+    assert m.measure(GroupedGemm(), shape, "fp32", {}, seed=3).ok
+    skewed = m._inputs["offsets_host"]
+    assert m.measure(Balanced(), shape, "fp32", {}, seed=3).ok
+    assert m._inputs["offsets_host"] == counts_to_offsets(Balanced.routing_counts(shape, 3))
+    assert skewed != m._inputs["offsets_host"]

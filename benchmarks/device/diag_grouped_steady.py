@@ -1,13 +1,12 @@
 """Grouped GEMM vs dense cuBLAS, each variant timed right beside the dense GEMM.
 
 The H200 runs these GEMMs at its 700 W cap (clocks 1.4-1.8 GHz move with the power
-draw), and what ran just before a timing window moves the clock inside it: a fp32
-reference check before each timing (the harness's Measurer) gave ratios 3-5 % lower than
-back-to-back timings. Here every variant's output is checked once up front; then, in each
-round, every variant is timed (do_bench median, L2 flushed) immediately followed by the
-dense cuBLAS GEMM of the same FLOPs, and the variant's figure is the median over rounds
-of those adjacent-pair ratios. Problems: the harness's log-normal routing and a balanced
-one (768 rows per expert), E=64, K=2048, N=1408, M=49,152, bf16.
+draw), so a ratio means something only between timings taken in the same moments. Every
+variant's output is checked once up front; then, in each round, every variant is timed
+(do_bench median, L2 flushed) immediately followed by the dense cuBLAS GEMM of the same
+FLOPs, and the variant's figure is the median over rounds of those adjacent-pair ratios.
+Problems: the harness's log-normal routing and a balanced one (768 rows per expert),
+E=64, K=2048, N=1408, M=49,152, bf16.
 
     python3 benchmarks/device/diag_grouped_steady.py [--rounds 7] [--rep 200]
 """
