@@ -24,6 +24,7 @@ import statistics
 
 import torch
 
+from benchmarks.device.diag_grouped_routing import Balanced
 from harness.measure import Measurer, Timing
 from kernels.grouped_gemm import GroupedGemm
 
@@ -66,17 +67,6 @@ CONFIGS = {
     "pointer 128x256x32 w8 s4 half": {**W, "USE_TMA": 0, "TAIL_SPLIT": 1, "BLOCK_K": 32,
                                       "num_stages": 4},
 }
-
-
-class Balanced(GroupedGemm):
-    """Every expert given M / E rows (the remainder to the first)."""
-
-    @staticmethod
-    def routing_counts(shape, seed):
-        M, E = int(shape["M"]), int(shape["E"])
-        counts = [M // E] * E
-        counts[0] += M - sum(counts)
-        return counts
 
 
 def main() -> None:
