@@ -52,15 +52,13 @@ _CPU_PROGRAMS = 4
 
 
 @triton.jit
-def _expert_blocks(offs_ptr, E, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Per expert (padded to E_PAD): index, start row, end row, m-block count, and the
-    inclusive prefix sum of the counts (expert e owns virtual blocks [cum-nblk, cum))."""
+def _expert_rows(offs_ptr, E, E_PAD: tl.constexpr):
+    """Per expert (padded to E_PAD, the padding empty): index, start row, end row."""
     e_idx = tl.arange(0, E_PAD)
     e_mask = e_idx < E
     starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
     ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
-    nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
-    return e_idx, starts, ends, nblk, tl.cumsum(nblk, 0)
+    return e_idx, starts, ends
 
 
 @triton.jit
@@ -79,10 +77,7 @@ def _block_table_kernel(
     u = ceil(r / (BLOCK_M >> TAIL_SPLIT)), largest first; a remainder that needs every
     piece is one full block instead. The padding is then under BLOCK_M >> TAIL_SPLIT
     rows per expert."""
-    e_idx = tl.arange(0, E_PAD)
-    e_mask = e_idx < E
-    starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
-    ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
+    e_idx, starts, ends = _expert_rows(offs_ptr, E, E_PAD)
     GRAIN: tl.constexpr = BLOCK_M >> TAIL_SPLIT
     full = (ends - starts) // BLOCK_M
     u = (ends - starts - full * BLOCK_M + GRAIN - 1) // GRAIN  # 0 .. 2**TAIL_SPLIT
@@ -183,7 +178,9 @@ def _prologue(
         else:
             num_pid_m = NB
         return e_idx, e_idx, e_idx, e_idx, e_idx, num_pid_m
-    e_idx, starts, ends, nblk, cum = _expert_blocks(offs_ptr, E, E_PAD, BLOCK_M)
+    e_idx, starts, ends = _expert_rows(offs_ptr, E, E_PAD)
+    nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(nblk, 0)  # inclusive: expert e owns virtual blocks [cum-nblk, cum)
     return e_idx, starts, ends, nblk, cum, tl.sum(nblk, 0)
 
 
