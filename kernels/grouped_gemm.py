@@ -125,22 +125,22 @@ def _block_table_kernel(
 
 @triton.jit
 def _tile_map(
-    tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+    tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
 ):
     """(expert, first row, the expert's end row, first column, height class h) of
-    ``tile`` in the (virtual m-block, n-tile) grid, whose m-blocks run over the experts'
-    blocks back to back; the tile is BLOCK_M >> h rows high; expert -1 for a tile past
-    the real blocks (BLOCK_TABLE's bound grid). Shared by the pointer and the TMA
-    kernels."""
+    ``tile`` in the (virtual m-block, n-tile) grid of the ``num_pid_m`` m-blocks from
+    ``m_base`` on, whose m-blocks run over the experts' blocks back to back; the tile is
+    BLOCK_M >> h rows high; expert -1 for a tile past the real blocks (BLOCK_TABLE's
+    bound grid). Shared by the pointer and the TMA kernels."""
     # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
     # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
     num_pid_in_group = GROUP_M * num_pid_n
     group_id = tile // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_m = m_base + first_pid_m + ((tile % num_pid_in_group) % group_size_m)
     pid_n = (tile % num_pid_in_group) // group_size_m
 
     if BLOCK_TABLE:
@@ -182,6 +182,15 @@ def _prologue(
     nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
     cum = tl.cumsum(nblk, 0)  # inclusive: expert e owns virtual blocks [cum-nblk, cum)
     return e_idx, starts, ends, nblk, cum, tl.sum(nblk, 0)
+
+
+@triton.jit
+def _real_blocks(table_ptr, NB, num_pid_m, BLOCK_TABLE: tl.constexpr):
+    """The real m-block count: the table's last entry, or the prologue's own count (which
+    is the real one without the table)."""
+    if BLOCK_TABLE:
+        return tl.load(table_ptr + 4 * NB)
+    return num_pid_m
 
 
 @triton.jit
@@ -255,24 +264,38 @@ def _gemm_tile(
 @triton.jit
 def _gemm_tile_any(
     tile, a_ptr, w_ptr, out_ptr, N, K, stride_am, stride_we, stride_wn, stride_om,
-    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+    e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
-    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    TAIL_WIDE: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     """Tile ``tile`` of the pointer kernel. With TAIL_SPLIT, an expert's last rows run
     as tiles of BLOCK_M >> h rows (``_tile_map``'s h), and a last n-tile of at most
-    BLOCK_N / 2 columns runs half-width, so the tails multiply less padding."""
+    BLOCK_N / 2 columns runs half-width, so the tails multiply less padding. With
+    TAIL_WIDE those shorter tiles are twice as wide (the odd n-tiles' programs have
+    nothing to do), so they load W from L2 no more often per product than a full tile."""
     expert, m0, row_end, n0, h = _tile_map(
-        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
+    # A wide tile only where a full BLOCK_N tile lies past this one.
+    wide = TAIL_WIDE and (N - n0 > BLOCK_N)
     if expert < 0:
         pass
+    elif TAIL_WIDE and h > 0 and (n0 // BLOCK_N) % 2 == 1:
+        pass  # the even neighbour's wide tile covers these columns
+    elif TAIL_SPLIT >= 2 and h == 2 and wide:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M // 4, 2 * BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 4, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+    elif TAIL_SPLIT >= 1 and h == 1 and wide:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M // 2, 2 * BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
     elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
@@ -298,6 +321,7 @@ def _grouped_gemm_kernel(
     K,
     E,
     NB,
+    NB0,
     stride_am,
     stride_we,
     stride_wn,
@@ -309,8 +333,10 @@ def _grouped_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    HYBRID_GRID: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
+    TAIL_WIDE: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -320,27 +346,49 @@ def _grouped_gemm_kernel(
         offs_ptr, table_ptr, E, NB, E_PAD, BLOCK_M, PERSISTENT, BLOCK_TABLE
     )
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    total_tiles = num_pid_m * num_pid_n
 
     if PERSISTENT:
         # Grid = number of SMs; each program strides over the exact tile count.
-        for tile in tl.range(pid, total_tiles, NUM_PROGS):
+        for tile in tl.range(pid, num_pid_m * num_pid_n, NUM_PROGS):
             _gemm_tile_any(
                 tile, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
-                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
-                UPCAST, IEEE,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
+                EVEN_K, UPCAST, IEEE,
             )  # fmt: skip
-    else:
-        # The grid is an upper bound on the tiles; the programs past the real count idle.
-        if pid < total_tiles:
+    elif HYBRID_GRID:
+        # The first NB0 = M // BLOCK_M m-blocks are real whatever the routing: one
+        # program per tile. NUM_PROGS more programs stride over the rest of the real
+        # tiles, instead of one program per tile the routing could at most have.
+        first = NB0 * num_pid_n
+        if pid < first:
             _gemm_tile_any(
                 pid, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
-                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
-                UPCAST, IEEE,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, NB0, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
+                EVEN_K, UPCAST, IEEE,
+            )  # fmt: skip
+        else:
+            n_real = _real_blocks(table_ptr, NB, num_pid_m, BLOCK_TABLE)
+            for tile in tl.range(pid - first, (n_real - NB0) * num_pid_n, NUM_PROGS):
+                _gemm_tile_any(
+                    tile, a_ptr, w_ptr, out_ptr, N, K,
+                    stride_am, stride_we, stride_wn, stride_om,
+                    e_idx, starts, ends, nblk, cum, table_ptr, NB, NB0, n_real - NB0,
+                    num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
+                    TAIL_WIDE, EVEN_K, UPCAST, IEEE,
+                )  # fmt: skip
+    else:
+        # The grid is an upper bound on the tiles; the programs past the real count idle.
+        if pid < num_pid_m * num_pid_n:
+            _gemm_tile_any(
+                pid, a_ptr, w_ptr, out_ptr, N, K,
+                stride_am, stride_we, stride_wn, stride_om,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
+                EVEN_K, UPCAST, IEEE,
             )  # fmt: skip
 
 
@@ -402,25 +450,37 @@ def _gemm_tile_tma(
 
 @triton.jit
 def _gemm_tile_tma_any(
-    tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
-    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+    tile, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out_ptr, N, K,
+    stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
-    TMA_STORE: tl.constexpr,
+    TAIL_WIDE: tl.constexpr, TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
 ):
-    """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
-    A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
-    smaller tiles keep the masked store: ``out_desc``'s box is the full tile's)."""
+    """Tile ``tile`` of the TMA kernel; TAIL_SPLIT and TAIL_WIDE as in
+    ``_gemm_tile_any``, with the A boxes of ``a_half`` / ``a_quarter``, the half-width W
+    boxes of ``w_half`` and the double-width ones of ``w_wide`` (the smaller tiles keep
+    the masked store: ``out_desc``'s box is the full tile's)."""
     expert, m0, row_end, n0, h = _tile_map(
-        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
+    wide = TAIL_WIDE and (N - n0 > BLOCK_N)
     if expert < 0:
         pass
+    elif TAIL_WIDE and h > 0 and (n0 // BLOCK_N) % 2 == 1:
+        pass  # the even neighbour's wide tile covers these columns
+    elif TAIL_SPLIT >= 2 and h == 2 and wide:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_wide, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M // 4, 2 * BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+    elif TAIL_SPLIT >= 1 and h == 1 and wide:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_wide, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M // 2, 2 * BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
     elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
@@ -443,6 +503,7 @@ def _grouped_gemm_tma_kernel(
     a_quarter,
     w_desc,
     w_half,
+    w_wide,
     out_desc,
     out_ptr,
     offs_ptr,
@@ -451,6 +512,7 @@ def _grouped_gemm_tma_kernel(
     K,
     E,
     NB,
+    NB0,
     stride_om,
     NUM_PROGS,
     E_PAD: tl.constexpr,
@@ -459,9 +521,11 @@ def _grouped_gemm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    HYBRID_GRID: tl.constexpr,
     FLATTEN: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
+    TAIL_WIDE: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -479,26 +543,43 @@ def _grouped_gemm_tma_kernel(
         offs_ptr, table_ptr, E, NB, E_PAD, BLOCK_M, PERSISTENT, BLOCK_TABLE
     )
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    total_tiles = num_pid_m * num_pid_n
 
     if PERSISTENT:
-        for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN,
+        for tile in tl.range(pid, num_pid_m * num_pid_n, NUM_PROGS, flatten=FLATTEN,
                              warp_specialize=WARP_SPEC):
             _gemm_tile_tma_any(
-                tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
-                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
-                UPCAST, IEEE,
-                False,
+                tile, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out_ptr,
+                N, K, stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, num_pid_m,
+                num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
+                TAIL_WIDE, TMA_STORE, UPCAST, IEEE, False,
             )  # fmt: skip
-    else:
-        if pid < total_tiles:
+    elif HYBRID_GRID:
+        # As in _grouped_gemm_kernel: one program per tile of the first NB0 m-blocks,
+        # NUM_PROGS programs striding over the rest of the real ones.
+        first = NB0 * num_pid_n
+        if pid < first:
             _gemm_tile_tma_any(
-                pid, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
-                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
-                UPCAST, IEEE,
-                WARP_SPEC,
+                pid, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out_ptr,
+                N, K, stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, NB0,
+                num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
+                TAIL_WIDE, TMA_STORE, UPCAST, IEEE, WARP_SPEC,
+            )  # fmt: skip
+        else:
+            n_real = _real_blocks(table_ptr, NB, num_pid_m, BLOCK_TABLE)
+            for tile in tl.range(pid - first, (n_real - NB0) * num_pid_n, NUM_PROGS):
+                _gemm_tile_tma_any(
+                    tile, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc,
+                    out_ptr, N, K, stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB,
+                    NB0, n_real - NB0, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                    BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE, TMA_STORE, UPCAST, IEEE, WARP_SPEC,
+                )  # fmt: skip
+    else:
+        if pid < num_pid_m * num_pid_n:
+            _gemm_tile_tma_any(
+                pid, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out_ptr,
+                N, K, stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, num_pid_m,
+                num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
+                TAIL_WIDE, TMA_STORE, UPCAST, IEEE, WARP_SPEC,
             )  # fmt: skip
 
 
@@ -601,7 +682,9 @@ class GroupedGemm(Launches, Kernel):
         "TMA_STORE": 0,
         "WARP_SPEC": 0,
         "TAIL_SPLIT": 0,
+        "TAIL_WIDE": 0,
         "BLOCK_TABLE": 0,
+        "HYBRID_GRID": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -670,16 +753,27 @@ class GroupedGemm(Launches, Kernel):
         out = torch.empty(M, N, dtype=a.dtype, device=a.device)
         bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
         persistent = int(cfg["PERSISTENT"])
+        hybrid = int(cfg["HYBRID_GRID"])
         tail_split = int(cfg["TAIL_SPLIT"])
         block_table = bool(int(cfg["BLOCK_TABLE"]))
         e_pad = max(2, _next_pow2(E))
 
         # Virtual m-blocks, known without a sync: sum_e ceil(cnt_e / BM) <= M // BM + E,
         # and with the table's split tails each expert adds at most TAIL_SPLIT pieces.
+        # At least M // BM of them are real whatever the routing (a block holds <= BM rows).
         nb = M // bm + E * (max(1, tail_split) if block_table else 1)
-        tiles_bound = nb * triton.cdiv(N, bn)
-        num_progs = max(1, min(_num_sms(a.device), tiles_bound)) if persistent else 1
-        grid = (num_progs if persistent else max(1, tiles_bound),)
+        nb0 = M // bm
+        n_tiles = triton.cdiv(N, bn)
+        tiles_bound = nb * n_tiles
+        if persistent:
+            num_progs = max(1, min(_num_sms(a.device), tiles_bound))
+            grid = (num_progs,)
+        elif hybrid:
+            num_progs = max(1, min(_num_sms(a.device), (nb - nb0) * n_tiles))
+            grid = (nb0 * n_tiles + num_progs,)
+        else:
+            num_progs = 1
+            grid = (max(1, tiles_bound),)
         launches: list[Launch] = []
         # Unused without BLOCK_TABLE: the offsets stand in for the pointer.
         table = offsets
@@ -709,8 +803,10 @@ class GroupedGemm(Launches, Kernel):
             "BLOCK_K": bk,
             "GROUP_M": int(cfg["GROUP_M"]),
             "PERSISTENT": persistent,
+            "HYBRID_GRID": bool(hybrid),
             "BLOCK_TABLE": block_table,
             "TAIL_SPLIT": tail_split,
+            "TAIL_WIDE": bool(int(cfg["TAIL_WIDE"])),
             "UPCAST": interpreted and a.dtype != torch.float32,
             # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
             "IEEE": a.dtype == torch.float32,
@@ -724,14 +820,16 @@ class GroupedGemm(Launches, Kernel):
             out_desc = TensorDescriptor.from_tensor(out, [bm, bn])
             # The smaller tiles' boxes; where a config has none, the full ones stand in.
             a_half = a_quarter = a_desc
-            w_half = w_desc
+            w_half = w_wide = w_desc
             if tail_split >= 1:
                 a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
                 w_half = TensorDescriptor.from_tensor(w.view(E * N, K), [bn // 2, bk])
             if tail_split >= 2:
                 a_quarter = TensorDescriptor.from_tensor(a, [bm // 4, bk])
-            args = (a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out, offsets, table,
-                    N, K, E, nb, out.stride(0), num_progs)
+            if tail_split and int(cfg["TAIL_WIDE"]):
+                w_wide = TensorDescriptor.from_tensor(w.view(E * N, K), [2 * bn, bk])
+            args = (a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out, offsets,
+                    table, N, K, E, nb, nb0, out.stride(0), num_progs)
             meta = {
                 **common,
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
@@ -741,7 +839,7 @@ class GroupedGemm(Launches, Kernel):
             launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
             return launches, out
         args = (
-            a, w, out, offsets, table, N, K, E, nb,
+            a, w, out, offsets, table, N, K, E, nb, nb0,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0),
             num_progs,
         )  # fmt: skip
@@ -842,6 +940,14 @@ class GroupedGemm(Launches, Kernel):
                 return "TAIL_SPLIT=2 needs BLOCK_TABLE=1 (a tail of several pieces)"
             if flatten:
                 return "TAIL_SPLIT with FLATTEN=1: the flattened pipeline has one tile shape"
+        wide = int(cfg["TAIL_WIDE"])
+        if wide:
+            if not split:
+                return "TAIL_WIDE=1 needs TAIL_SPLIT >= 1 (it widens the split tails' tiles)"
+            if int(cfg.get("USE_TMA", 0)) and 2 * bn > 256:
+                return f"TAIL_WIDE=1 with USE_TMA=1: a 2 x BLOCK_N={bn} box is over 256 rows"
+        if int(cfg["HYBRID_GRID"]) and int(cfg["PERSISTENT"]):
+            return "HYBRID_GRID=1 with PERSISTENT=1: a persistent grid has no idle programs"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:
@@ -859,7 +965,9 @@ class GroupedGemm(Launches, Kernel):
         # fewer than it has stages.
         item = 2
         buffers = max(1, stages - 1) if device.vendor == "amd" else stages
-        pipeline, epilogue = buffers * (bm * bk + bn * bk) * item, bm * bn * item
+        # A wide tail tile holds half the A rows and twice the W rows of a full one.
+        rows = max(bm + bn, bm // 2 + 2 * bn) if wide else bm + bn
+        pipeline, epilogue = buffers * rows * bk * item, bm * bn * item
         # A flattened loop keeps loading the next tile while this one is stored, and a
         # TMA store stages the tile in a buffer of its own: then both are live at once.
         smem = pipeline + epilogue if (flatten or tma_store) else max(pipeline, epilogue)

@@ -5,8 +5,9 @@ draw), so a ratio means something only between timings taken in the same moments
 variant's output is checked once up front; then, in each round, every variant is timed
 (do_bench median, L2 flushed) immediately followed by the dense cuBLAS GEMM of the same
 FLOPs, and the variant's figure is the median over rounds of those adjacent-pair ratios.
-Problems: the harness's log-normal routing and a balanced one (768 rows per expert),
-E=64, K=2048, N=1408, M=49,152, bf16.
+Problems: the harness's log-normal routing, a balanced one (768 rows per expert: no
+expert has a partial last block) and a uniform random one (768 +- 28 rows), E=64,
+K=2048, N=1408, M=49,152, bf16.
 
     python3 benchmarks/device/diag_grouped_steady.py [--rounds 7] [--rep 200]
 """
@@ -27,20 +28,28 @@ SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
 T = {"USE_TMA": 1, "PERSISTENT": 0, "FLATTEN": 0, "TMA_STORE": 0, "GROUP_M": 1,
      "BLOCK_K": 64, "num_stages": 3}
 H = {**T, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8}
+S2 = {**H, "num_stages": 4, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1}
 CONFIGS = {
-    "pack: 128x128x64 w4 s3": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4},
-    "256x128 w8 s4 split1 table": {**H, "TAIL_SPLIT": 1, "num_stages": 4, "BLOCK_TABLE": 1},
-    "256x128 w8 s4 split2 table": {**H, "TAIL_SPLIT": 2, "num_stages": 4, "BLOCK_TABLE": 1},
-    "256x128 w8 s3 split2 table": {**H, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1},
-    "256x128 w8 s4 split2 table WS": {**H, "TAIL_SPLIT": 2, "num_stages": 4, "BLOCK_TABLE": 1,
-                                      "WARP_SPEC": 1},
-    "256x128x128 w8 s2 split2 table": {**H, "TAIL_SPLIT": 2, "BLOCK_K": 128, "num_stages": 2,
-                                       "BLOCK_TABLE": 1},
-    "128x128 w4 s3 split2 table": {**T, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4,
-                                   "TAIL_SPLIT": 2, "BLOCK_TABLE": 1},
-    "128x256 w8 s4 split2 table": {**T, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8,
-                                   "num_stages": 4, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1},
+    "256x128 s4 split2 table WS": {**S2, "WARP_SPEC": 1},
+    "256x128 s4 split2 table WS hybrid": {**S2, "WARP_SPEC": 1, "HYBRID_GRID": 1},
+    "256x128 s4 split2 table WS wide": {**S2, "WARP_SPEC": 1, "TAIL_WIDE": 1},
+    "256x128 s4 split2 table WS hybrid wide": {**S2, "WARP_SPEC": 1, "HYBRID_GRID": 1,
+                                               "TAIL_WIDE": 1},
+    "256x128 s4 split2 table hybrid wide": {**S2, "HYBRID_GRID": 1, "TAIL_WIDE": 1},
+    "256x128 s3 split2 table WS hybrid wide": {**S2, "num_stages": 3, "WARP_SPEC": 1,
+                                               "HYBRID_GRID": 1, "TAIL_WIDE": 1},
+    "256x128 s4 split1 table WS hybrid wide": {**S2, "TAIL_SPLIT": 1, "WARP_SPEC": 1,
+                                               "HYBRID_GRID": 1, "TAIL_WIDE": 1},
+    "128x256 s4 split1 table WS hybrid": {**S2, "BLOCK_M": 128, "BLOCK_N": 256,
+                                          "TAIL_SPLIT": 1, "WARP_SPEC": 1, "HYBRID_GRID": 1},
 }
+
+
+def uniform_counts(M: int, E: int, seed: int) -> list[int]:
+    """Every row routed to an expert drawn uniformly: ~M/E rows each, +- sqrt(M/E)."""
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, E, (M,), generator=g)
+    return torch.bincount(picks, minlength=E).tolist()
 
 
 def main() -> None:
@@ -58,6 +67,8 @@ def main() -> None:
     problems = {
         "log-normal": fam.make_inputs(SHAPE, "bf16", seed=0, device="cuda"),
         "balanced": make_grouped_inputs([M // E] * E, N, K, "bf16", seed=1, device="cuda"),
+        "uniform": make_grouped_inputs(uniform_counts(M, E, 2), N, K, "bf16", seed=2,
+                                       device="cuda"),
     }
     fns: dict[tuple[str, str], object] = {}
     dense: dict[str, object] = {}
@@ -68,7 +79,7 @@ def main() -> None:
                  for name, cfg in CONFIGS.items()}
         cands["torch._grouped_mm"] = lambda i=inputs: _grouped_mm_baseline(i, SHAPE)
         if prob == "balanced":
-            for tile in ((256, 128, 64, 8, 3), (256, 128, 64, 8, 4)):
+            for tile in ((256, 128, 64, 8, 4),):
                 cands[f"closed-form lookup {tile[0]}x{tile[1]} w8 s{tile[4]} (diagnostic)"] = (
                     lambda t=tile, i=inputs: closed_form(i, E, t))
         for name, make in cands.items():
