@@ -278,13 +278,15 @@ def _gemm_tile_any(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
-    # A wide tile only where a full BLOCK_N tile lies past this one.
-    wide = TAIL_WIDE and (N - n0 > BLOCK_N)
+    # A wide tile only where a full BLOCK_N tile lies past this one. The constexprs lead
+    # every condition, so a config without a branch does not compile it (its descriptor
+    # boxes would not match).
+    wide = N - n0 > BLOCK_N
     if expert < 0:
         pass
     elif TAIL_WIDE and h > 0 and (n0 // BLOCK_N) % 2 == 1:
         pass  # the even neighbour's wide tile covers these columns
-    elif TAIL_SPLIT >= 2 and h == 2 and wide:
+    elif TAIL_WIDE and TAIL_SPLIT >= 2 and h == 2 and wide:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 4, 2 * BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
@@ -292,7 +294,7 @@ def _gemm_tile_any(
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 4, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
-    elif TAIL_SPLIT >= 1 and h == 1 and wide:
+    elif TAIL_WIDE and TAIL_SPLIT >= 1 and h == 1 and wide:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 2, 2 * BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
@@ -465,12 +467,12 @@ def _gemm_tile_tma_any(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
-    wide = TAIL_WIDE and (N - n0 > BLOCK_N)
+    wide = N - n0 > BLOCK_N
     if expert < 0:
         pass
     elif TAIL_WIDE and h > 0 and (n0 // BLOCK_N) % 2 == 1:
         pass  # the even neighbour's wide tile covers these columns
-    elif TAIL_SPLIT >= 2 and h == 2 and wide:
+    elif TAIL_WIDE and TAIL_SPLIT >= 2 and h == 2 and wide:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_wide, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, 2 * BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
@@ -478,7 +480,7 @@ def _gemm_tile_tma_any(
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
-    elif TAIL_SPLIT >= 1 and h == 1 and wide:
+    elif TAIL_WIDE and TAIL_SPLIT >= 1 and h == 1 and wide:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_wide, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, 2 * BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip

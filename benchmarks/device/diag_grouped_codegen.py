@@ -1,0 +1,94 @@
+"""Grouped GEMM variants beside one another and beside the kernel of an older commit:
+each compiled kernel's registers, spills and shared memory, then its time back to back
+with dense cuBLAS (median of adjacent-pair ratios). For changes that should not move the
+code a config compiles to, or its speed.
+
+    python3 benchmarks/device/diag_grouped_codegen.py [--old benchmarks/device/_gg_OLD.py]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import traceback
+
+import torch
+import triton
+
+from benchmarks.device.diag_grouped_steady import S2, uniform_counts
+from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
+
+SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
+NEW = {
+    "split2 table WS": {**S2, "WARP_SPEC": 1},
+    "split2 table": dict(S2),
+    "split2 table WS wide": {**S2, "WARP_SPEC": 1, "TAIL_WIDE": 1},
+    "split2 table WS hybrid": {**S2, "WARP_SPEC": 1, "HYBRID_GRID": 1},
+    "split2 table WS hybrid wide": {**S2, "WARP_SPEC": 1, "HYBRID_GRID": 1, "TAIL_WIDE": 1},
+    "split2 table hybrid": {**S2, "HYBRID_GRID": 1},
+    "split2 table hybrid wide": {**S2, "HYBRID_GRID": 1, "TAIL_WIDE": 1},
+}
+OLD = ("split2 table WS", "split2 table")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", default="")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rep", type=int, default=100)
+    args = ap.parse_args()
+    fams = {"new": GroupedGemm()}
+    if args.old:
+        spec = importlib.util.spec_from_file_location("old_grouped_gemm", args.old)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fams["old"] = mod.GroupedGemm()
+    M, N, K, E = (SHAPE[d] for d in ("M", "N", "K", "E"))
+    problems = {
+        "log-normal": fams["new"].make_inputs(SHAPE, "bf16", seed=0, device="cuda"),
+        "balanced": make_grouped_inputs([M // E] * E, N, K, "bf16", seed=1, device="cuda"),
+        "uniform": make_grouped_inputs(uniform_counts(M, E, 2), N, K, "bf16", seed=2,
+                                       device="cuda"),
+    }
+    fns, dense = {}, {}
+    for prob, inputs in problems.items():
+        ref = fams["new"].reference(inputs, SHAPE)
+        for which, fam in fams.items():
+            for name, cfg in NEW.items():
+                if which == "old" and name not in OLD:
+                    continue
+                key = (prob, f"{which}: {name}")
+                try:
+                    launches, _ = fam._launches(inputs, cfg)
+                    k = launches[-1].warmup()
+                    getattr(k, "_init_handles", lambda: None)()
+                    if prob == "log-normal":
+                        print(f"{key[1]}: regs {k.n_regs} spills {k.n_spills} "
+                              f"shared {k.metadata.shared}", flush=True)
+                    fn = fam.launcher(inputs, SHAPE, cfg)
+                    torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
+                    fns[key] = fn
+                except Exception:
+                    print(f"FAILED {key}:\n{traceback.format_exc()[-3000:]}", flush=True)
+        b = inputs["w"][0].t()
+        out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        dense[prob] = lambda a=inputs["a"], b=b, o=out: torch.mm(a, b, out=o)
+        del ref
+    ratios = {k: [] for k in fns}
+    times = {k: [] for k in fns}
+    for _ in range(args.rounds):
+        for (prob, name), fn in fns.items():
+            t = triton.testing.do_bench(fn, warmup=25, rep=args.rep)
+            d = triton.testing.do_bench(dense[prob], warmup=25, rep=args.rep)
+            times[(prob, name)].append(t)
+            ratios[(prob, name)].append(d / t)
+    print(f"\n{torch.cuda.get_device_name()}, {args.rounds} rounds, rep {args.rep} ms\n")
+    print("| routing | variant | median ms | dense / variant |\n|---|---|---|---|")
+    for (prob, name), xs in times.items():
+        print(f"| {prob} | {name} | {statistics.median(xs):.4f} | "
+              f"{statistics.median(ratios[(prob, name)]):.1%} |")
+
+
+if __name__ == "__main__":
+    main()
