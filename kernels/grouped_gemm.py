@@ -125,22 +125,22 @@ def _block_table_kernel(
 
 @triton.jit
 def _tile_map(
-    tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
+    tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
 ):
     """(expert, first row, the expert's end row, first column, height class h) of
-    ``tile`` in the (virtual m-block, n-tile) grid of the ``num_pid_m`` m-blocks from
-    ``m_base`` on, whose m-blocks run over the experts' blocks back to back; the tile is
-    BLOCK_M >> h rows high; expert -1 for a tile past the real blocks (BLOCK_TABLE's
-    bound grid). Shared by the pointer and the TMA kernels."""
+    ``tile`` in the (virtual m-block, n-tile) grid, whose m-blocks run over the experts'
+    blocks back to back; the tile is BLOCK_M >> h rows high; expert -1 for a tile past
+    the real blocks (BLOCK_TABLE's bound grid). Shared by the pointer and the TMA
+    kernels."""
     # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
     # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
     num_pid_in_group = GROUP_M * num_pid_n
     group_id = tile // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = m_base + first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
     pid_n = (tile % num_pid_in_group) // group_size_m
 
     if BLOCK_TABLE:
@@ -182,15 +182,6 @@ def _prologue(
     nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
     cum = tl.cumsum(nblk, 0)  # inclusive: expert e owns virtual blocks [cum-nblk, cum)
     return e_idx, starts, ends, nblk, cum, tl.sum(nblk, 0)
-
-
-@triton.jit
-def _real_blocks(table_ptr, NB, num_pid_m, BLOCK_TABLE: tl.constexpr):
-    """The real m-block count: the table's last entry, or the prologue's own count (which
-    is the real one without the table)."""
-    if BLOCK_TABLE:
-        return tl.load(table_ptr + 4 * NB)
-    return num_pid_m
 
 
 @triton.jit
@@ -264,40 +255,24 @@ def _gemm_tile(
 @triton.jit
 def _gemm_tile_any(
     tile, a_ptr, w_ptr, out_ptr, N, K, stride_am, stride_we, stride_wn, stride_om,
-    e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
+    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
-    TAIL_WIDE: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     """Tile ``tile`` of the pointer kernel. With TAIL_SPLIT, an expert's last rows run
     as tiles of BLOCK_M >> h rows (``_tile_map``'s h), and a last n-tile of at most
-    BLOCK_N / 2 columns runs half-width, so the tails multiply less padding. With
-    TAIL_WIDE those shorter tiles are twice as wide (the odd n-tiles' programs have
-    nothing to do), so they load W from L2 no more often per product than a full tile."""
+    BLOCK_N / 2 columns runs half-width, so the tails multiply less padding."""
     expert, m0, row_end, n0, h = _tile_map(
-        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
+        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
-    # A wide tile only where a full BLOCK_N tile lies past this one. The constexprs lead
-    # every condition, so a config without a branch does not compile it (its descriptor
-    # boxes would not match).
-    wide = N - n0 > BLOCK_N
     if expert < 0:
         pass
-    elif TAIL_WIDE and h > 0 and (n0 // BLOCK_N) % 2 == 1:
-        pass  # the even neighbour's wide tile covers these columns
-    elif TAIL_WIDE and TAIL_SPLIT >= 2 and h == 2 and wide:
-        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
-                   stride_am, stride_we, stride_wn, stride_om,
-                   BLOCK_M // 4, 2 * BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 4, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
-    elif TAIL_WIDE and TAIL_SPLIT >= 1 and h == 1 and wide:
-        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
-                   stride_am, stride_we, stride_wn, stride_om,
-                   BLOCK_M // 2, 2 * BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
     elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
@@ -323,7 +298,6 @@ def _grouped_gemm_kernel(
     K,
     E,
     NB,
-    NB0,
     stride_am,
     stride_we,
     stride_wn,
@@ -335,10 +309,8 @@ def _grouped_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
-    HYBRID_GRID: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
-    TAIL_WIDE: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -348,49 +320,27 @@ def _grouped_gemm_kernel(
         offs_ptr, table_ptr, E, NB, E_PAD, BLOCK_M, PERSISTENT, BLOCK_TABLE
     )
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    total_tiles = num_pid_m * num_pid_n
 
     if PERSISTENT:
         # Grid = number of SMs; each program strides over the exact tile count.
-        for tile in tl.range(pid, num_pid_m * num_pid_n, NUM_PROGS):
+        for tile in tl.range(pid, total_tiles, NUM_PROGS):
             _gemm_tile_any(
                 tile, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
-                e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
-                EVEN_K, UPCAST, IEEE,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
+                UPCAST, IEEE,
             )  # fmt: skip
-    elif HYBRID_GRID:
-        # The first NB0 = M // BLOCK_M m-blocks are real whatever the routing: one
-        # program per tile. NUM_PROGS more programs stride over the rest of the real
-        # tiles, instead of one program per tile the routing could at most have.
-        first = NB0 * num_pid_n
-        if pid < first:
-            _gemm_tile_any(
-                pid, a_ptr, w_ptr, out_ptr, N, K,
-                stride_am, stride_we, stride_wn, stride_om,
-                e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, NB0, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
-                EVEN_K, UPCAST, IEEE,
-            )  # fmt: skip
-        else:
-            n_real = _real_blocks(table_ptr, NB, num_pid_m, BLOCK_TABLE)
-            for tile in tl.range(pid - first, (n_real - NB0) * num_pid_n, NUM_PROGS):
-                _gemm_tile_any(
-                    tile, a_ptr, w_ptr, out_ptr, N, K,
-                    stride_am, stride_we, stride_wn, stride_om,
-                    e_idx, starts, ends, nblk, cum, table_ptr, NB, NB0, n_real - NB0,
-                    num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
-                    TAIL_WIDE, EVEN_K, UPCAST, IEEE,
-                )  # fmt: skip
     else:
         # The grid is an upper bound on the tiles; the programs past the real count idle.
-        if pid < num_pid_m * num_pid_n:
+        if pid < total_tiles:
             _gemm_tile_any(
                 pid, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
-                e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
-                EVEN_K, UPCAST, IEEE,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
+                UPCAST, IEEE,
             )  # fmt: skip
 
 
@@ -451,38 +401,78 @@ def _gemm_tile_tma(
 
 
 @triton.jit
+def _gemm_tile_tma_pair(
+    m0, n0, expert, row_end, a_desc, w_desc, out_ptr, N, K, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
+):
+    """TAIL_WIDE's tile: BLOCK_M rows (of ``a_desc``'s box) by two BLOCK_N column
+    blocks, each A box loaded once for both. Two dots of the normal width rather than
+    one of twice the width: a dot 2 x BLOCK_N wide (a 64x256 wgmma) made ptxas serialize
+    every wgmma of the kernel on Triton 3.6 (H200), the full tiles' too. The caller
+    ensures columns remain past the first block; the second's past N are masked."""
+    w_row = expert * N + n0
+    acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC_K):
+        a = a_desc.load([m0, k * BLOCK_K])
+        b0 = w_desc.load([w_row, k * BLOCK_K])
+        b1 = w_desc.load([w_row + BLOCK_N, k * BLOCK_K])
+        if UPCAST:
+            a = a.to(tl.float32)
+            b0 = b0.to(tl.float32)
+            b1 = b1.to(tl.float32)
+        if IEEE:
+            acc0 = tl.dot(a, tl.trans(b0), acc0, input_precision="ieee")
+            acc1 = tl.dot(a, tl.trans(b1), acc1, input_precision="ieee")
+        else:
+            acc0 = tl.dot(a, tl.trans(b0), acc0)
+            acc1 = tl.dot(a, tl.trans(b1), acc1)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    row_ok = (rows < row_end)[:, None]
+    tl.store(ptrs, acc0.to(out_ptr.dtype.element_ty), mask=row_ok & (cols < N)[None, :])
+    tl.store(ptrs + BLOCK_N, acc1.to(out_ptr.dtype.element_ty),
+             mask=row_ok & (cols + BLOCK_N < N)[None, :])
+
+
+@triton.jit
 def _gemm_tile_tma_any(
-    tile, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out_ptr, N, K,
-    stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
+    tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TAIL_WIDE: tl.constexpr, TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
 ):
-    """Tile ``tile`` of the TMA kernel; TAIL_SPLIT and TAIL_WIDE as in
-    ``_gemm_tile_any``, with the A boxes of ``a_half`` / ``a_quarter``, the half-width W
-    boxes of ``w_half`` and the double-width ones of ``w_wide`` (the smaller tiles keep
-    the masked store: ``out_desc``'s box is the full tile's)."""
+    """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
+    A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
+    smaller tiles keep the masked store: ``out_desc``'s box is the full tile's). With
+    TAIL_WIDE the split tails' tiles are two n-tiles wide (the odd n-tiles' programs
+    have nothing to do), so they load W from L2 no more often per product than a full
+    tile does; a normal-width one where no full n-tile lies beyond."""
     expert, m0, row_end, n0, h = _tile_map(
-        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, m_base, num_pid_m, num_pid_n,
+        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
+    # The constexprs lead each condition, so a config compiles only its own branches.
     wide = N - n0 > BLOCK_N
     if expert < 0:
         pass
     elif TAIL_WIDE and h > 0 and (n0 // BLOCK_N) % 2 == 1:
         pass  # the even neighbour's wide tile covers these columns
     elif TAIL_WIDE and TAIL_SPLIT >= 2 and h == 2 and wide:
-        _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_wide, out_desc, out_ptr, N, K,
-                       stride_om, BLOCK_M // 4, 2 * BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K)  # fmt: skip
+        _gemm_tile_tma_pair(m0, n0, expert, row_end, a_quarter, w_desc, out_ptr, N, K,
+                            stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, UPCAST, IEEE,
+                            WARP_SPEC_K)  # fmt: skip
+    elif TAIL_WIDE and TAIL_SPLIT >= 1 and h == 1 and wide:
+        _gemm_tile_tma_pair(m0, n0, expert, row_end, a_half, w_desc, out_ptr, N, K,
+                            stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, UPCAST, IEEE,
+                            WARP_SPEC_K)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K)  # fmt: skip
-    elif TAIL_WIDE and TAIL_SPLIT >= 1 and h == 1 and wide:
-        _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_wide, out_desc, out_ptr, N, K,
-                       stride_om, BLOCK_M // 2, 2 * BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
     elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
@@ -505,7 +495,6 @@ def _grouped_gemm_tma_kernel(
     a_quarter,
     w_desc,
     w_half,
-    w_wide,
     out_desc,
     out_ptr,
     offs_ptr,
@@ -514,7 +503,6 @@ def _grouped_gemm_tma_kernel(
     K,
     E,
     NB,
-    NB0,
     stride_om,
     NUM_PROGS,
     E_PAD: tl.constexpr,
@@ -523,7 +511,6 @@ def _grouped_gemm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
-    HYBRID_GRID: tl.constexpr,
     FLATTEN: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
@@ -545,43 +532,26 @@ def _grouped_gemm_tma_kernel(
         offs_ptr, table_ptr, E, NB, E_PAD, BLOCK_M, PERSISTENT, BLOCK_TABLE
     )
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    total_tiles = num_pid_m * num_pid_n
 
     if PERSISTENT:
-        for tile in tl.range(pid, num_pid_m * num_pid_n, NUM_PROGS, flatten=FLATTEN,
+        for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN,
                              warp_specialize=WARP_SPEC):
             _gemm_tile_tma_any(
-                tile, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out_ptr,
-                N, K, stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, num_pid_m,
-                num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
-                TAIL_WIDE, TMA_STORE, UPCAST, IEEE, False,
+                tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
+                TMA_STORE, UPCAST, IEEE,
+                False,
             )  # fmt: skip
-    elif HYBRID_GRID:
-        # As in _grouped_gemm_kernel: one program per tile of the first NB0 m-blocks,
-        # NUM_PROGS programs striding over the rest of the real ones.
-        first = NB0 * num_pid_n
-        if pid < first:
-            _gemm_tile_tma_any(
-                pid, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out_ptr,
-                N, K, stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, NB0,
-                num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
-                TAIL_WIDE, TMA_STORE, UPCAST, IEEE, WARP_SPEC,
-            )  # fmt: skip
-        else:
-            n_real = _real_blocks(table_ptr, NB, num_pid_m, BLOCK_TABLE)
-            for tile in tl.range(pid - first, (n_real - NB0) * num_pid_n, NUM_PROGS):
-                _gemm_tile_tma_any(
-                    tile, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc,
-                    out_ptr, N, K, stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB,
-                    NB0, n_real - NB0, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                    BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE, TMA_STORE, UPCAST, IEEE, WARP_SPEC,
-                )  # fmt: skip
     else:
-        if pid < num_pid_m * num_pid_n:
+        if pid < total_tiles:
             _gemm_tile_tma_any(
-                pid, a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out_ptr,
-                N, K, stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, 0, num_pid_m,
-                num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
-                TAIL_WIDE, TMA_STORE, UPCAST, IEEE, WARP_SPEC,
+                pid, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
+                TMA_STORE, UPCAST, IEEE,
+                WARP_SPEC,
             )  # fmt: skip
 
 
@@ -686,7 +656,6 @@ class GroupedGemm(Launches, Kernel):
         "TAIL_SPLIT": 0,
         "TAIL_WIDE": 0,
         "BLOCK_TABLE": 0,
-        "HYBRID_GRID": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -755,27 +724,16 @@ class GroupedGemm(Launches, Kernel):
         out = torch.empty(M, N, dtype=a.dtype, device=a.device)
         bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
         persistent = int(cfg["PERSISTENT"])
-        hybrid = int(cfg["HYBRID_GRID"])
         tail_split = int(cfg["TAIL_SPLIT"])
         block_table = bool(int(cfg["BLOCK_TABLE"]))
         e_pad = max(2, _next_pow2(E))
 
         # Virtual m-blocks, known without a sync: sum_e ceil(cnt_e / BM) <= M // BM + E,
         # and with the table's split tails each expert adds at most TAIL_SPLIT pieces.
-        # At least M // BM of them are real whatever the routing (a block holds <= BM rows).
         nb = M // bm + E * (max(1, tail_split) if block_table else 1)
-        nb0 = M // bm
-        n_tiles = triton.cdiv(N, bn)
-        tiles_bound = nb * n_tiles
-        if persistent:
-            num_progs = max(1, min(_num_sms(a.device), tiles_bound))
-            grid = (num_progs,)
-        elif hybrid:
-            num_progs = max(1, min(_num_sms(a.device), (nb - nb0) * n_tiles))
-            grid = (nb0 * n_tiles + num_progs,)
-        else:
-            num_progs = 1
-            grid = (max(1, tiles_bound),)
+        tiles_bound = nb * triton.cdiv(N, bn)
+        num_progs = max(1, min(_num_sms(a.device), tiles_bound)) if persistent else 1
+        grid = (num_progs if persistent else max(1, tiles_bound),)
         launches: list[Launch] = []
         # Unused without BLOCK_TABLE: the offsets stand in for the pointer.
         table = offsets
@@ -805,10 +763,8 @@ class GroupedGemm(Launches, Kernel):
             "BLOCK_K": bk,
             "GROUP_M": int(cfg["GROUP_M"]),
             "PERSISTENT": persistent,
-            "HYBRID_GRID": bool(hybrid),
             "BLOCK_TABLE": block_table,
             "TAIL_SPLIT": tail_split,
-            "TAIL_WIDE": bool(int(cfg["TAIL_WIDE"])),
             "UPCAST": interpreted and a.dtype != torch.float32,
             # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
             "IEEE": a.dtype == torch.float32,
@@ -822,26 +778,25 @@ class GroupedGemm(Launches, Kernel):
             out_desc = TensorDescriptor.from_tensor(out, [bm, bn])
             # The smaller tiles' boxes; where a config has none, the full ones stand in.
             a_half = a_quarter = a_desc
-            w_half = w_wide = w_desc
+            w_half = w_desc
             if tail_split >= 1:
                 a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
                 w_half = TensorDescriptor.from_tensor(w.view(E * N, K), [bn // 2, bk])
             if tail_split >= 2:
                 a_quarter = TensorDescriptor.from_tensor(a, [bm // 4, bk])
-            if tail_split and int(cfg["TAIL_WIDE"]):
-                w_wide = TensorDescriptor.from_tensor(w.view(E * N, K), [2 * bn, bk])
-            args = (a_desc, a_half, a_quarter, w_desc, w_half, w_wide, out_desc, out, offsets,
-                    table, N, K, E, nb, nb0, out.stride(0), num_progs)
+            args = (a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out, offsets, table,
+                    N, K, E, nb, out.stride(0), num_progs)
             meta = {
                 **common,
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
+                "TAIL_WIDE": bool(int(cfg["TAIL_WIDE"])),
             }
             launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
             return launches, out
         args = (
-            a, w, out, offsets, table, N, K, E, nb, nb0,
+            a, w, out, offsets, table, N, K, E, nb,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0),
             num_progs,
         )  # fmt: skip
@@ -943,13 +898,8 @@ class GroupedGemm(Launches, Kernel):
             if flatten:
                 return "TAIL_SPLIT with FLATTEN=1: the flattened pipeline has one tile shape"
         wide = int(cfg["TAIL_WIDE"])
-        if wide:
-            if not split:
-                return "TAIL_WIDE=1 needs TAIL_SPLIT >= 1 (it widens the split tails' tiles)"
-            if int(cfg.get("USE_TMA", 0)) and 2 * bn > 256:
-                return f"TAIL_WIDE=1 with USE_TMA=1: a 2 x BLOCK_N={bn} box is over 256 rows"
-        if int(cfg["HYBRID_GRID"]) and int(cfg["PERSISTENT"]):
-            return "HYBRID_GRID=1 with PERSISTENT=1: a persistent grid has no idle programs"
+        if wide and not (split and int(cfg.get("USE_TMA", 0))):
+            return "TAIL_WIDE=1 needs TAIL_SPLIT >= 1 and USE_TMA=1 (it widens split tails)"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

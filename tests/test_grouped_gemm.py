@@ -85,9 +85,9 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
         config.update(BLOCK_TABLE=1)
     if name == "TAIL_WIDE" and value:
-        # It widens split tails: alone it is pruned (tested below).
+        # It widens split tails of the TMA kernel: alone it is pruned (tested below).
         assert "TAIL_SPLIT" in KERNEL.check_config(config, shape, H100)
-        config.update(TAIL_SPLIT=1)
+        config.update(TAIL_SPLIT=1, USE_TMA=1)
     _check(fp16_inputs, shape, config, "fp16")
 
 
@@ -368,72 +368,36 @@ def test_block_table(use_tma: int, persistent: int, split: int, group_m: int) ->
     torch.testing.assert_close(fn(), KERNEL.reference(inputs, shape), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("use_tma,table,split", [(0, 0, 0), (1, 0, 1), (0, 1, 2), (1, 1, 2),
-                                                   (1, 1, 0)])
-@pytest.mark.parametrize("group_m", [1, 4])
-def test_hybrid_grid(use_tma: int, table: int, split: int, group_m: int) -> None:
-    """HYBRID_GRID: one program per tile of the first M // BLOCK_M m-blocks, then one
-    per SM (4 under the interpreter) striding over the rest, each looping over several
-    tiles here; the launch holds that many programs, not the bound's. Re-routed in the
-    same buffers, and with fewer rows than one block (no first part at all)."""
-    counts = [0, 1, 70, 0, 33, 129, 0, 20]
-    shape = _shape(counts, 96, 64)
-    inputs = make_grouped_inputs(counts, 96, 64, "fp32", seed=group_m + 10 * use_tma,
-                                 device="cpu")
-    config = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": group_m,
-              "BLOCK_TABLE": table, "USE_TMA": use_tma, "TAIL_SPLIT": split,
-              "HYBRID_GRID": 1}
-    _check(inputs, shape, config, "fp32")
-    launches, _ = KERNEL._launches(inputs, config)
-    nb = len(counts) * max(1, split if table else 1) + sum(counts) // 64
-    rest = (nb - sum(counts) // 64) * 3
-    assert launches[-1].grid == (sum(counts) // 64 * 3 + min(grouped_gemm._CPU_PROGRAMS, rest),)
-    fn = KERNEL.launcher(inputs, shape, config)
-    moved = [17, 0, 100, 33, 0, 83, 0, 20]  # same M, rows moved between experts
-    inputs["offsets"].copy_(torch.tensor(grouped_gemm.counts_to_offsets(moved)))
-    inputs["offsets_host"] = grouped_gemm.counts_to_offsets(moved)
-    torch.testing.assert_close(fn(), KERNEL.reference(inputs, shape), atol=1e-4, rtol=1e-4)
-    small = [0, 5, 0, 30, 2, 0, 0, 1]
-    inputs = make_grouped_inputs(small, 96, 64, "fp32", seed=3, device="cpu")
-    _check(inputs, _shape(small, 96, 64), config, "fp32")
-
-
-@pytest.mark.parametrize("use_tma,persistent,table,split",
-                         [(0, 0, 0, 1), (1, 0, 0, 1), (0, 1, 1, 2), (1, 0, 1, 2),
-                          (1, 1, 1, 1)])
+@pytest.mark.parametrize("persistent,table,split", [(0, 0, 1), (1, 1, 2), (0, 1, 2),
+                                                   (1, 1, 1)])
 @pytest.mark.parametrize("n", [160, 224, 256])
-def test_tail_wide(use_tma: int, persistent: int, table: int, split: int, n: int) -> None:
-    """TAIL_WIDE: the split tails' tiles twice as wide, from even n-tiles only, a
+def test_tail_wide(persistent: int, table: int, split: int, n: int) -> None:
+    """TAIL_WIDE: the split tails' tiles two n-tiles wide, from even n-tiles only, a
     normal-width tile where no full n-tile lies beyond. With 64x32 tiles: N = 160 has 5
     n-tiles (the last one normal-width), 224 seven (the last partial and normal), 256
     eight (all wide). Half (17-32 rows) and quarter (<= 16) tails, an empty expert;
     every output element is written (a NaN-filled output comes back clean)."""
     counts = [1, 16, 32, 0, 97, 64, 120]
     shape = _shape(counts, n, 96)
-    inputs = make_grouped_inputs(counts, n, 96, "fp32", seed=n + use_tma, device="cpu")
+    inputs = make_grouped_inputs(counts, n, 96, "fp32", seed=n + split, device="cpu")
     config = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TAIL_SPLIT": split,
-              "TAIL_WIDE": 1, "BLOCK_TABLE": table, "PERSISTENT": persistent,
-              "USE_TMA": use_tma}
+              "TAIL_WIDE": 1, "BLOCK_TABLE": table, "PERSISTENT": persistent, "USE_TMA": 1}
     _check(inputs, shape, config, "fp32")
     fn = KERNEL.launcher(inputs, shape, config)
     fn().fill_(float("nan"))
     assert not torch.isnan(fn()).any()
 
 
-def test_tail_wide_and_hybrid_pruning() -> None:
+def test_tail_wide_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
     wide = {"USE_TMA": 1, "TAIL_SPLIT": 1, "TAIL_WIDE": 1, "num_warps": 8}
     assert KERNEL.check_config(wide, seed, H100) is None
     assert "TAIL_SPLIT" in KERNEL.check_config({**wide, "TAIL_SPLIT": 0}, seed, H100)
-    assert "256" in KERNEL.check_config({**wide, "BLOCK_N": 256}, seed, H100)
-    # The pointer path has no box limit; shared memory bounds it instead: 64x256 tiles
-    # keep 320 rows of 64 a stage, their wide 32x512 tails 544.
-    flat = {**wide, "USE_TMA": 0, "BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 64,
-            "num_stages": 4}
-    assert KERNEL.check_config({**flat, "TAIL_WIDE": 0}, seed, H100) is None
-    assert "shared memory" in KERNEL.check_config(flat, seed, H100)
-    assert KERNEL.check_config({"HYBRID_GRID": 1}, seed, H100) is None
-    assert "PERSISTENT" in KERNEL.check_config({"HYBRID_GRID": 1, "PERSISTENT": 1}, seed, H100)
+    assert "USE_TMA" in KERNEL.check_config({**wide, "USE_TMA": 0}, seed, A100)
+    # Shared memory: 64x256 tiles keep 320 rows of 64 a stage, their wide 32x512 tails 544.
+    big = {**wide, "BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4}
+    assert KERNEL.check_config({**big, "TAIL_WIDE": 0}, seed, H100) is None
+    assert "shared memory" in KERNEL.check_config(big, seed, H100)
 
 
 def test_tail_split_pruning() -> None:
@@ -523,9 +487,6 @@ GPU_CONFIGS = [
      "num_stages": 3, "PERSISTENT": 0, "BLOCK_TABLE": 1},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
      "num_stages": 3, "PERSISTENT": 0, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 0, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "TAIL_WIDE": 1,
-     "HYBRID_GRID": 1},
 ]  # fmt: skip
 
 
@@ -596,16 +557,13 @@ TMA_CONFIGS = [
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
      "TMA_STORE": 1},
-    # Wide tails (128x256 and 64x256 tiles beside the 256x128 ones) and the hybrid grid,
-    # with the K loop warp-specialized inside the strided loop.
+    # Wide tails: 128x(2x128) and 64x(2x128) tiles beside the 256x128 ones.
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
      "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
-     "TAIL_WIDE": 1, "HYBRID_GRID": 1, "WARP_SPEC": 1},
+     "TAIL_WIDE": 1, "WARP_SPEC": 1},
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 1, "TAIL_WIDE": 1,
+     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 1, "TAIL_WIDE": 1,
      "TMA_STORE": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4,
-     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "HYBRID_GRID": 1},
 ]  # fmt: skip
 
 
@@ -666,11 +624,10 @@ def test_gpu_baselines(device: str, m: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("use_tma,hybrid", [(0, 0), (1, 0), (1, 1)])
-def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int, hybrid: int) -> None:
+@pytest.mark.parametrize("use_tma,wide", [(0, 0), (1, 0), (1, 1)])
+def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int, wide: int) -> None:
     """The block table's two launches capture into a CUDA graph (what MoE serving does);
-    a replay after the routing changed in the same offsets buffer gives the new answer
-    (with HYBRID_GRID, the strided programs read the new block count)."""
+    a replay after the routing changed in the same offsets buffer gives the new answer."""
     from harness import hardware
 
     if use_tma and not hardware.current_device().has_tma:
@@ -680,8 +637,7 @@ def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int, hybrid: int)
     shape = _shape(counts, 1408, 2048)
     inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=5, device=device)
     config = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
-              "USE_TMA": use_tma, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2,
-              "HYBRID_GRID": hybrid, "TAIL_WIDE": hybrid}
+              "USE_TMA": use_tma, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "TAIL_WIDE": wide}
     fn = KERNEL.launcher(inputs, shape, config)
     fn()  # compiled outside the capture
     torch.cuda.synchronize()

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
+import subprocess
+import tempfile
 import traceback
 
 import torch
@@ -20,16 +23,33 @@ from benchmarks.device.diag_grouped_steady import S2, uniform_counts
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
 
 SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
+CUOBJDUMP = "/usr/local/cuda/bin/cuobjdump"
 NEW = {
     "split2 table WS": {**S2, "WARP_SPEC": 1},
     "split2 table": dict(S2),
     "split2 table WS wide": {**S2, "WARP_SPEC": 1, "TAIL_WIDE": 1},
-    "split2 table WS hybrid": {**S2, "WARP_SPEC": 1, "HYBRID_GRID": 1},
-    "split2 table WS hybrid wide": {**S2, "WARP_SPEC": 1, "HYBRID_GRID": 1, "TAIL_WIDE": 1},
-    "split2 table hybrid": {**S2, "HYBRID_GRID": 1},
-    "split2 table hybrid wide": {**S2, "HYBRID_GRID": 1, "TAIL_WIDE": 1},
+    "split2 table wide": {**S2, "TAIL_WIDE": 1},
+    "split1 table WS wide": {**S2, "TAIL_SPLIT": 1, "WARP_SPEC": 1, "TAIL_WIDE": 1},
+    "split2 table WS wide s3": {**S2, "WARP_SPEC": 1, "TAIL_WIDE": 1, "num_stages": 3},
 }
 OLD = ("split2 table WS", "split2 table")
+
+
+def serialized(kernel: object) -> str:
+    """How many of the kernel's wgmma ptxas made wait for the one before (a wait for zero
+    groups in flight after each): what ptxas does, function-wide, when it cannot keep
+    the wgmma pipeline's registers apart."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        try:
+            sass = subprocess.run([CUOBJDUMP, "-sass", path], capture_output=True,
+                                  text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as exc:
+            return f"no SASS ({exc})"
+    return (f"{sass.count('HGMMA.')} wgmma, "
+            f"{sass.count('WARPGROUP.DEPBAR.LE gsb0, 0x0')} waits for none in flight")
 
 
 def main() -> None:
@@ -65,7 +85,7 @@ def main() -> None:
                     getattr(k, "_init_handles", lambda: None)()
                     if prob == "log-normal":
                         print(f"{key[1]}: regs {k.n_regs} spills {k.n_spills} "
-                              f"shared {k.metadata.shared}", flush=True)
+                              f"shared {k.metadata.shared}, {serialized(k)}", flush=True)
                     fn = fam.launcher(inputs, SHAPE, cfg)
                     torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
                     fns[key] = fn

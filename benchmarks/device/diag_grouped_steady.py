@@ -31,17 +31,11 @@ H = {**T, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8}
 S2 = {**H, "num_stages": 4, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1}
 CONFIGS = {
     "256x128 s4 split2 table WS": {**S2, "WARP_SPEC": 1},
-    "256x128 s4 split2 table WS hybrid": {**S2, "WARP_SPEC": 1, "HYBRID_GRID": 1},
+    "256x128 s4 split2 table": dict(S2),
     "256x128 s4 split2 table WS wide": {**S2, "WARP_SPEC": 1, "TAIL_WIDE": 1},
-    "256x128 s4 split2 table WS hybrid wide": {**S2, "WARP_SPEC": 1, "HYBRID_GRID": 1,
-                                               "TAIL_WIDE": 1},
-    "256x128 s4 split2 table hybrid wide": {**S2, "HYBRID_GRID": 1, "TAIL_WIDE": 1},
-    "256x128 s3 split2 table WS hybrid wide": {**S2, "num_stages": 3, "WARP_SPEC": 1,
-                                               "HYBRID_GRID": 1, "TAIL_WIDE": 1},
-    "256x128 s4 split1 table WS hybrid wide": {**S2, "TAIL_SPLIT": 1, "WARP_SPEC": 1,
-                                               "HYBRID_GRID": 1, "TAIL_WIDE": 1},
-    "128x256 s4 split1 table WS hybrid": {**S2, "BLOCK_M": 128, "BLOCK_N": 256,
-                                          "TAIL_SPLIT": 1, "WARP_SPEC": 1, "HYBRID_GRID": 1},
+    "256x128 s4 split2 table wide": {**S2, "TAIL_WIDE": 1},
+    "256x128 s3 split2 table WS wide": {**S2, "num_stages": 3, "WARP_SPEC": 1, "TAIL_WIDE": 1},
+    "256x128 s4 split1 table WS wide": {**S2, "TAIL_SPLIT": 1, "WARP_SPEC": 1, "TAIL_WIDE": 1},
 }
 
 
