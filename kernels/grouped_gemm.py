@@ -401,75 +401,23 @@ def _gemm_tile_tma(
 
 
 @triton.jit
-def _gemm_tile_tma_pair(
-    m0, n0, expert, row_end, a_desc, w_desc, out_ptr, N, K, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
-):
-    """TAIL_WIDE's tile: BLOCK_M rows (of ``a_desc``'s box) by two BLOCK_N column
-    blocks, each A box loaded once for both. Two dots of the normal width rather than
-    one of twice the width: a dot 2 x BLOCK_N wide (a 64x256 wgmma) made ptxas serialize
-    every wgmma of the kernel on Triton 3.6 (H200), the full tiles' too. The caller
-    ensures columns remain past the first block; the second's past N are masked."""
-    w_row = expert * N + n0
-    acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC_K):
-        a = a_desc.load([m0, k * BLOCK_K])
-        b0 = w_desc.load([w_row, k * BLOCK_K])
-        b1 = w_desc.load([w_row + BLOCK_N, k * BLOCK_K])
-        if UPCAST:
-            a = a.to(tl.float32)
-            b0 = b0.to(tl.float32)
-            b1 = b1.to(tl.float32)
-        if IEEE:
-            acc0 = tl.dot(a, tl.trans(b0), acc0, input_precision="ieee")
-            acc1 = tl.dot(a, tl.trans(b1), acc1, input_precision="ieee")
-        else:
-            acc0 = tl.dot(a, tl.trans(b0), acc0)
-            acc1 = tl.dot(a, tl.trans(b1), acc1)
-    rows = m0 + tl.arange(0, BLOCK_M)
-    cols = n0 + tl.arange(0, BLOCK_N)
-    ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    row_ok = (rows < row_end)[:, None]
-    tl.store(ptrs, acc0.to(out_ptr.dtype.element_ty), mask=row_ok & (cols < N)[None, :])
-    tl.store(ptrs + BLOCK_N, acc1.to(out_ptr.dtype.element_ty),
-             mask=row_ok & (cols + BLOCK_N < N)[None, :])
-
-
-@triton.jit
 def _gemm_tile_tma_any(
     tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
     e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
-    TAIL_WIDE: tl.constexpr, TMA_STORE: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
 ):
     """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
     A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
-    smaller tiles keep the masked store: ``out_desc``'s box is the full tile's). With
-    TAIL_WIDE the split tails' tiles are two n-tiles wide (the odd n-tiles' programs
-    have nothing to do), so they load W from L2 no more often per product than a full
-    tile does; a normal-width one where no full n-tile lies beyond."""
+    smaller tiles keep the masked store: ``out_desc``'s box is the full tile's)."""
     expert, m0, row_end, n0, h = _tile_map(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
-    # The constexprs lead each condition, so a config compiles only its own branches.
-    wide = N - n0 > BLOCK_N
     if expert < 0:
         pass
-    elif TAIL_WIDE and h > 0 and (n0 // BLOCK_N) % 2 == 1:
-        pass  # the even neighbour's wide tile covers these columns
-    elif TAIL_WIDE and TAIL_SPLIT >= 2 and h == 2 and wide:
-        _gemm_tile_tma_pair(m0, n0, expert, row_end, a_quarter, w_desc, out_ptr, N, K,
-                            stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, UPCAST, IEEE,
-                            WARP_SPEC_K)  # fmt: skip
-    elif TAIL_WIDE and TAIL_SPLIT >= 1 and h == 1 and wide:
-        _gemm_tile_tma_pair(m0, n0, expert, row_end, a_half, w_desc, out_ptr, N, K,
-                            stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, UPCAST, IEEE,
-                            WARP_SPEC_K)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
@@ -514,7 +462,6 @@ def _grouped_gemm_tma_kernel(
     FLATTEN: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
-    TAIL_WIDE: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -540,8 +487,8 @@ def _grouped_gemm_tma_kernel(
             _gemm_tile_tma_any(
                 tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
-                TMA_STORE, UPCAST, IEEE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
+                UPCAST, IEEE,
                 False,
             )  # fmt: skip
     else:
@@ -549,8 +496,8 @@ def _grouped_gemm_tma_kernel(
             _gemm_tile_tma_any(
                 pid, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TAIL_WIDE,
-                TMA_STORE, UPCAST, IEEE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
+                UPCAST, IEEE,
                 WARP_SPEC,
             )  # fmt: skip
 
@@ -654,7 +601,6 @@ class GroupedGemm(Launches, Kernel):
         "TMA_STORE": 0,
         "WARP_SPEC": 0,
         "TAIL_SPLIT": 0,
-        "TAIL_WIDE": 0,
         "BLOCK_TABLE": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
@@ -791,7 +737,6 @@ class GroupedGemm(Launches, Kernel):
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
-                "TAIL_WIDE": bool(int(cfg["TAIL_WIDE"])),
             }
             launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
             return launches, out
@@ -897,9 +842,6 @@ class GroupedGemm(Launches, Kernel):
                 return "TAIL_SPLIT=2 needs BLOCK_TABLE=1 (a tail of several pieces)"
             if flatten:
                 return "TAIL_SPLIT with FLATTEN=1: the flattened pipeline has one tile shape"
-        wide = int(cfg["TAIL_WIDE"])
-        if wide and not (split and int(cfg.get("USE_TMA", 0))):
-            return "TAIL_WIDE=1 needs TAIL_SPLIT >= 1 and USE_TMA=1 (it widens split tails)"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:
@@ -917,9 +859,7 @@ class GroupedGemm(Launches, Kernel):
         # fewer than it has stages.
         item = 2
         buffers = max(1, stages - 1) if device.vendor == "amd" else stages
-        # A wide tail tile holds half the A rows and twice the W rows of a full one.
-        rows = max(bm + bn, bm // 2 + 2 * bn) if wide else bm + bn
-        pipeline, epilogue = buffers * rows * bk * item, bm * bn * item
+        pipeline, epilogue = buffers * (bm * bk + bn * bk) * item, bm * bn * item
         # A flattened loop keeps loading the next tile while this one is stored, and a
         # TMA store stages the tile in a buffer of its own: then both are live at once.
         smem = pipeline + epilogue if (flatten or tma_store) else max(pipeline, epilogue)

@@ -84,10 +84,6 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         # Quarter tiles need the block table (tested below).
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
         config.update(BLOCK_TABLE=1)
-    if name == "TAIL_WIDE" and value:
-        # It widens split tails of the TMA kernel: alone it is pruned (tested below).
-        assert "TAIL_SPLIT" in KERNEL.check_config(config, shape, H100)
-        config.update(TAIL_SPLIT=1, USE_TMA=1)
     _check(fp16_inputs, shape, config, "fp16")
 
 
@@ -368,38 +364,6 @@ def test_block_table(use_tma: int, persistent: int, split: int, group_m: int) ->
     torch.testing.assert_close(fn(), KERNEL.reference(inputs, shape), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("persistent,table,split", [(0, 0, 1), (1, 1, 2), (0, 1, 2),
-                                                   (1, 1, 1)])
-@pytest.mark.parametrize("n", [160, 224, 256])
-def test_tail_wide(persistent: int, table: int, split: int, n: int) -> None:
-    """TAIL_WIDE: the split tails' tiles two n-tiles wide, from even n-tiles only, a
-    normal-width tile where no full n-tile lies beyond. With 64x32 tiles: N = 160 has 5
-    n-tiles (the last one normal-width), 224 seven (the last partial and normal), 256
-    eight (all wide). Half (17-32 rows) and quarter (<= 16) tails, an empty expert;
-    every output element is written (a NaN-filled output comes back clean)."""
-    counts = [1, 16, 32, 0, 97, 64, 120]
-    shape = _shape(counts, n, 96)
-    inputs = make_grouped_inputs(counts, n, 96, "fp32", seed=n + split, device="cpu")
-    config = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TAIL_SPLIT": split,
-              "TAIL_WIDE": 1, "BLOCK_TABLE": table, "PERSISTENT": persistent, "USE_TMA": 1}
-    _check(inputs, shape, config, "fp32")
-    fn = KERNEL.launcher(inputs, shape, config)
-    fn().fill_(float("nan"))
-    assert not torch.isnan(fn()).any()
-
-
-def test_tail_wide_pruning() -> None:
-    seed = KERNEL.shapes["deepseek-v3-16b"]
-    wide = {"USE_TMA": 1, "TAIL_SPLIT": 1, "TAIL_WIDE": 1, "num_warps": 8}
-    assert KERNEL.check_config(wide, seed, H100) is None
-    assert "TAIL_SPLIT" in KERNEL.check_config({**wide, "TAIL_SPLIT": 0}, seed, H100)
-    assert "USE_TMA" in KERNEL.check_config({**wide, "USE_TMA": 0}, seed, A100)
-    # Shared memory: 64x256 tiles keep 320 rows of 64 a stage, their wide 32x512 tails 544.
-    big = {**wide, "BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4}
-    assert KERNEL.check_config({**big, "TAIL_WIDE": 0}, seed, H100) is None
-    assert "shared memory" in KERNEL.check_config(big, seed, H100)
-
-
 def test_tail_split_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
     half = {"USE_TMA": 1, "TAIL_SPLIT": 1, "BLOCK_N": 256, "num_warps": 8}
@@ -557,13 +521,6 @@ TMA_CONFIGS = [
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
      "TMA_STORE": 1},
-    # Wide tails: 128x(2x128) and 64x(2x128) tiles beside the 256x128 ones.
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
-     "TAIL_WIDE": 1, "WARP_SPEC": 1},
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 1, "TAIL_WIDE": 1,
-     "TMA_STORE": 1},
 ]  # fmt: skip
 
 
@@ -624,8 +581,8 @@ def test_gpu_baselines(device: str, m: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("use_tma,wide", [(0, 0), (1, 0), (1, 1)])
-def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int, wide: int) -> None:
+@pytest.mark.parametrize("use_tma", [0, 1])
+def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int) -> None:
     """The block table's two launches capture into a CUDA graph (what MoE serving does);
     a replay after the routing changed in the same offsets buffer gives the new answer."""
     from harness import hardware
@@ -637,7 +594,7 @@ def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int, wide: int) -
     shape = _shape(counts, 1408, 2048)
     inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=5, device=device)
     config = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
-              "USE_TMA": use_tma, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "TAIL_WIDE": wide}
+              "USE_TMA": use_tma, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2}
     fn = KERNEL.launcher(inputs, shape, config)
     fn()  # compiled outside the capture
     torch.cuda.synchronize()

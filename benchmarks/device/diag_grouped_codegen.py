@@ -1,9 +1,13 @@
-"""Grouped GEMM variants beside one another and beside the kernel of an older commit:
-each compiled kernel's registers, spills and shared memory, then its time back to back
-with dense cuBLAS (median of adjacent-pair ratios). For changes that should not move the
-code a config compiles to, or its speed.
+"""The steady diag's grouped GEMM configs compiled by this checkout's kernel and,
+with --old, by another copy of kernels/grouped_gemm.py (say ``git show
+<commit>:kernels/grouped_gemm.py``): each compiled kernel's registers, spills, shared
+memory and whether ptxas serialized its wgmma, then its time back to back with dense
+cuBLAS (median of adjacent-pair ratios). For kernel changes that should not move the
+code a config compiles to, or its speed: session 12's first wide-tail kernel added a
+64x256 dot that ptxas answered by serializing every wgmma of the kernel, the full
+tiles' included (10 points slower on routings where no tile took the new branch).
 
-    python3 benchmarks/device/diag_grouped_codegen.py [--old benchmarks/device/_gg_OLD.py]
+    python3 benchmarks/device/diag_grouped_codegen.py [--old /path/to/grouped_gemm.py]
 """
 
 from __future__ import annotations
@@ -19,20 +23,11 @@ import traceback
 import torch
 import triton
 
-from benchmarks.device.diag_grouped_steady import S2, uniform_counts
+from benchmarks.device.diag_grouped_steady import CONFIGS, uniform_counts
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
 
 SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
 CUOBJDUMP = "/usr/local/cuda/bin/cuobjdump"
-NEW = {
-    "split2 table WS": {**S2, "WARP_SPEC": 1},
-    "split2 table": dict(S2),
-    "split2 table WS wide": {**S2, "WARP_SPEC": 1, "TAIL_WIDE": 1},
-    "split2 table wide": {**S2, "TAIL_WIDE": 1},
-    "split1 table WS wide": {**S2, "TAIL_SPLIT": 1, "WARP_SPEC": 1, "TAIL_WIDE": 1},
-    "split2 table WS wide s3": {**S2, "WARP_SPEC": 1, "TAIL_WIDE": 1, "num_stages": 3},
-}
-OLD = ("split2 table WS", "split2 table")
 
 
 def serialized(kernel: object) -> str:
@@ -75,9 +70,7 @@ def main() -> None:
     for prob, inputs in problems.items():
         ref = fams["new"].reference(inputs, SHAPE)
         for which, fam in fams.items():
-            for name, cfg in NEW.items():
-                if which == "old" and name not in OLD:
-                    continue
+            for name, cfg in CONFIGS.items():
                 key = (prob, f"{which}: {name}")
                 try:
                     launches, _ = fam._launches(inputs, cfg)

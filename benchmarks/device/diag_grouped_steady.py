@@ -32,10 +32,8 @@ S2 = {**H, "num_stages": 4, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1}
 CONFIGS = {
     "256x128 s4 split2 table WS": {**S2, "WARP_SPEC": 1},
     "256x128 s4 split2 table": dict(S2),
-    "256x128 s4 split2 table WS wide": {**S2, "WARP_SPEC": 1, "TAIL_WIDE": 1},
-    "256x128 s4 split2 table wide": {**S2, "TAIL_WIDE": 1},
-    "256x128 s3 split2 table WS wide": {**S2, "num_stages": 3, "WARP_SPEC": 1, "TAIL_WIDE": 1},
-    "256x128 s4 split1 table WS wide": {**S2, "TAIL_SPLIT": 1, "WARP_SPEC": 1, "TAIL_WIDE": 1},
+    "256x128 s4 split1 table WS": {**S2, "TAIL_SPLIT": 1, "WARP_SPEC": 1},
+    "256x128 s3 split2 table WS": {**S2, "num_stages": 3, "WARP_SPEC": 1},
 }
 
 
