@@ -29,11 +29,17 @@ T = {"USE_TMA": 1, "PERSISTENT": 0, "FLATTEN": 0, "TMA_STORE": 0, "GROUP_M": 1,
      "BLOCK_K": 64, "num_stages": 3}
 H = {**T, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8}
 S2 = {**H, "num_stages": 4, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1}
+P2 = {**S2, "PERSISTENT": 1, "WARP_SPEC": 1}
 CONFIGS = {
     "256x128 s4 split2 table WS": {**S2, "WARP_SPEC": 1},
     "256x128 s4 split2 table": dict(S2),
-    "256x128 s4 split1 table WS": {**S2, "TAIL_SPLIT": 1, "WARP_SPEC": 1},
-    "256x128 s3 split2 table WS": {**S2, "num_stages": 3, "WARP_SPEC": 1},
+    "persistent 256x128 s4 split2 table WS": dict(P2),
+    "persistent 256x128 s3 split2 table WS": {**P2, "num_stages": 3},
+    "persistent 256x128 s4 table WS": {**P2, "TAIL_SPLIT": 0},
+    "persistent 256x128 s4 split2 table": {**P2, "WARP_SPEC": 0},
+    "persistent 256x128 s4 split2 table WS G8": {**P2, "GROUP_M": 8},
+    "persistent 128x256 s4 split1 table WS": {**P2, "BLOCK_M": 128, "BLOCK_N": 256,
+                                              "TAIL_SPLIT": 1},
 }
 
 

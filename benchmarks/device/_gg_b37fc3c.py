@@ -1,0 +1,880 @@
+"""MoE grouped GEMM (contiguous grouped layout), as used by the expert FFNs of an MoE layer.
+
+``A`` [M, K] holds the routed rows sorted by expert, ``offsets`` int32 [E + 1] marks where
+each expert's rows start (``offsets[0] = 0``, ``offsets[E] = M``), ``W`` [E, N, K] holds one
+``nn.Linear``-layout weight per expert, and ``out[rows of e] = A[rows of e] @ W[e]^T``.
+
+The kernel needs no host sync and no per-call host preparation: each program reads the
+offsets vector itself, turns the per-expert row counts into per-expert m-block counts and
+their prefix sum, and maps its virtual m-block to (expert, local block) from that. With
+BLOCK_TABLE a first, small launch does that mapping once for every m-block and writes it
+to a table the GEMM reads (and may split each expert's last rows into half and quarter
+tiles, TAIL_SPLIT); the launch count stays fixed, so CUDA graphs capture it as well.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from harness.kernel_api import (
+    Config,
+    DeviceSpec,
+    Inputs,
+    Kernel,
+    Launch,
+    Launches,
+    Shape,
+    Tolerance,
+)
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# Launch options that only the AMD backend knows: the NVIDIA backend raises on them, so
+# they are passed only where the config has them and the GPU is a ROCm one.
+_AMD_KWARGS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+# Triton 3.6's loop fusion (TritonGPUFuseNestedLoops) fails on the TMA kernel's
+# conditional store inside a flattened loop ("PassManager::run failed", H200, 2026-11-23);
+# newer releases are let through, where a failure would fail only that trial.
+_FLATTEN_STORE_BROKEN = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+
+# Programs of the persistent variant when there is no GPU to ask (the interpreter): small,
+# so that each program still loops over several tiles.
+_CPU_PROGRAMS = 4
+
+
+@triton.jit
+def _expert_rows(offs_ptr, E, E_PAD: tl.constexpr):
+    """Per expert (padded to E_PAD, the padding empty): index, start row, end row."""
+    e_idx = tl.arange(0, E_PAD)
+    e_mask = e_idx < E
+    starts = tl.load(offs_ptr + e_idx, mask=e_mask, other=0)
+    ends = tl.load(offs_ptr + e_idx + 1, mask=e_mask, other=0)
+    return e_idx, starts, ends
+
+
+@triton.jit
+def _block_table_kernel(
+    offs_ptr, table_ptr, E, NB,
+    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
+    its expert (-1 past the real blocks), first row, the expert's end row and its height
+    class h (the tile is BLOCK_M >> h rows), as four int32 rows of ``table``; then the
+    real block count at ``table[4 * NB]``. The GEMM kernel reads four numbers per tile
+    instead of reducing over the experts.
+
+    An expert's rows become full BLOCK_M blocks, then its remainder r is covered by pieces
+    of BLOCK_M/2, BLOCK_M/4, ... (down to BLOCK_M >> TAIL_SPLIT rows): the set bits of
+    u = ceil(r / (BLOCK_M >> TAIL_SPLIT)), largest first; a remainder that needs every
+    piece is one full block instead. The padding is then under BLOCK_M >> TAIL_SPLIT
+    rows per expert."""
+    e_idx, starts, ends = _expert_rows(offs_ptr, E, E_PAD)
+    GRAIN: tl.constexpr = BLOCK_M >> TAIL_SPLIT
+    full = (ends - starts) // BLOCK_M
+    u = (ends - starts - full * BLOCK_M + GRAIN - 1) // GRAIN  # 0 .. 2**TAIL_SPLIT
+    whole = u == (1 << TAIL_SPLIT)
+    pieces = tl.zeros_like(u)
+    for i in tl.static_range(TAIL_SPLIT):
+        pieces += (u >> i) & 1
+    nblk = full + tl.where(whole, 1, pieces)
+    cum = tl.cumsum(nblk, 0)
+
+    b = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    # Empty experts add nothing to cum, so counting cum <= b skips them; past the real
+    # blocks every expert (the padding too) counts, so expert >= E marks them.
+    expert = tl.sum((cum[None, :] <= b[:, None]).to(tl.int32), 1)
+    sel = e_idx[None, :] == expert[:, None]
+    j = b - tl.sum(tl.where(sel, (cum - nblk)[None, :], 0), 1)  # block within its expert
+    row0 = tl.sum(tl.where(sel, starts[None, :], 0), 1)
+    row_end = tl.sum(tl.where(sel, ends[None, :], 0), 1)
+    full_b = tl.sum(tl.where(sel, full[None, :], 0), 1)
+    u_b = tl.sum(tl.where(sel, u[None, :], 0), 1)
+    # The remainder's piece number j - full_b: walk u's bits from the largest piece.
+    piece = j - full_b
+    h = tl.zeros_like(b)
+    off = tl.zeros_like(b)
+    seen = tl.zeros_like(b)
+    pos = tl.zeros_like(b)
+    for i in tl.static_range(TAIL_SPLIT):
+        # Bit TAIL_SPLIT-1-i of u: a piece of BLOCK_M >> (i + 1) rows, height class i + 1.
+        bit = (u_b >> (TAIL_SPLIT - 1 - i)) & 1
+        hit = (bit == 1) & (seen == piece)
+        h = tl.where(hit, i + 1, h)
+        off = tl.where(hit, pos, off)
+        pos += bit * (BLOCK_M >> (i + 1))
+        seen += bit
+    in_full = (piece < 0) | (u_b == (1 << TAIL_SPLIT))
+    m0 = row0 + tl.where(piece < 0, j * BLOCK_M, full_b * BLOCK_M + tl.where(in_full, 0, off))
+    live = b < NB
+    tl.store(table_ptr + b, tl.where(expert < E, expert, -1), mask=live)
+    tl.store(table_ptr + NB + b, m0, mask=live)
+    tl.store(table_ptr + 2 * NB + b, row_end, mask=live)
+    tl.store(table_ptr + 3 * NB + b, tl.where(in_full, 0, h), mask=live)
+    if tl.program_id(0) == 0:
+        tl.store(table_ptr + 4 * NB, tl.sum(nblk, 0))
+
+
+@triton.jit
+def _tile_map(
+    tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
+):
+    """(expert, first row, the expert's end row, first column, height class h) of
+    ``tile`` in the (virtual m-block, n-tile) grid, whose m-blocks run over the experts'
+    blocks back to back; the tile is BLOCK_M >> h rows high; expert -1 for a tile past
+    the real blocks (BLOCK_TABLE's bound grid). Shared by the pointer and the TMA
+    kernels."""
+    # Grouped ordering: GROUP_M consecutive m-blocks sweep the n-tiles together, so the
+    # W tiles they share stay in L2 (GROUP_M = 1 is plain row-major order).
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_n = (tile % num_pid_in_group) // group_size_m
+
+    if BLOCK_TABLE:
+        expert = tl.load(table_ptr + pid_m)
+        m0 = tl.load(table_ptr + NB + pid_m)
+        row_end = tl.load(table_ptr + 2 * NB + pid_m)
+        h = tl.load(table_ptr + 3 * NB + pid_m)
+    else:
+        # Block-wide reductions on every tile's critical path (BLOCK_TABLE's reason).
+        # Empty experts add nothing to cum, so counting cum <= pid_m skips them.
+        expert = tl.sum((cum <= pid_m).to(tl.int32), 0)
+        sel = e_idx == expert
+        blk0 = tl.sum(tl.where(sel, cum - nblk, 0), 0)
+        row0 = tl.sum(tl.where(sel, starts, 0), 0)
+        row_end = tl.sum(tl.where(sel, ends, 0), 0)
+        m0 = row0 + (pid_m - blk0) * BLOCK_M
+        # One tile per block here: a last block of <= BLOCK_M / 2 rows runs half-height.
+        h = ((TAIL_SPLIT > 0) & (row_end - m0 <= BLOCK_M // 2)).to(tl.int32)
+    return expert, m0, row_end, pid_n * BLOCK_N, h
+
+
+@triton.jit
+def _prologue(
+    offs_ptr, table_ptr, E, NB, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    PERSISTENT: tl.constexpr, BLOCK_TABLE: tl.constexpr,
+):
+    """A program's start: the per-expert vectors ``_tile_map`` reduces over and the
+    m-block count. With BLOCK_TABLE the vectors are not needed (stand-ins, never read);
+    a persistent program reads the real count from the table, a one-tile program takes
+    the bound NB (its tile says expert -1 when past the real blocks)."""
+    if BLOCK_TABLE:
+        e_idx = tl.arange(0, E_PAD)
+        if PERSISTENT:
+            num_pid_m = tl.load(table_ptr + 4 * NB)
+        else:
+            num_pid_m = NB
+        return e_idx, e_idx, e_idx, e_idx, e_idx, num_pid_m
+    e_idx, starts, ends = _expert_rows(offs_ptr, E, E_PAD)
+    nblk = (ends - starts + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(nblk, 0)  # inclusive: expert e owns virtual blocks [cum-nblk, cum)
+    return e_idx, starts, ends, nblk, cum, tl.sum(nblk, 0)
+
+
+@triton.jit
+def _gemm_tile(
+    m0,
+    n0,
+    expert,
+    row_end,
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """The BLOCK_M x BLOCK_N output tile at (m0, n0) of ``expert`` (pointer loads)."""
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_mask = rows < row_end
+    cols = n0 + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # 64-bit row and expert offsets: M*K and E*N*K may pass 2**31 elements. The last
+    # dimensions are contiguous by contract (the launcher checks), so the K offsets carry
+    # no stride and the compiler sees unit stride: vector loads and cp.async pipelining.
+    a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = (
+        w_ptr
+        + expert.to(tl.int64) * stride_we
+        + cols.to(tl.int64)[:, None] * stride_wn
+        + offs_k[None, :]
+    )
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+            b = tl.load(w_ptrs, mask=col_mask[:, None], other=0.0)
+        else:
+            k_mask = offs_k < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+        if UPCAST:
+            # The interpreter's bf16 dot is wrong; fp32 tiles give the exact answer.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    tl.store(
+        out_ptrs,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & col_mask[None, :],
+    )
+
+
+@triton.jit
+def _gemm_tile_any(
+    tile, a_ptr, w_ptr, out_ptr, N, K, stride_am, stride_we, stride_wn, stride_om,
+    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Tile ``tile`` of the pointer kernel. With TAIL_SPLIT, an expert's last rows run
+    as tiles of BLOCK_M >> h rows (``_tile_map``'s h), and a last n-tile of at most
+    BLOCK_N / 2 columns runs half-width, so the tails multiply less padding."""
+    expert, m0, row_end, n0, h = _tile_map(
+        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+        BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
+    )
+    if expert < 0:
+        pass
+    elif TAIL_SPLIT >= 2 and h == 2:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M // 4, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+    elif TAIL_SPLIT >= 1 and h == 1:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+    elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M, BLOCK_N // 2, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+    else:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    offs_ptr,
+    table_ptr,
+    N,
+    K,
+    E,
+    NB,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    NUM_PROGS,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    e_idx, starts, ends, nblk, cum, num_pid_m = _prologue(
+        offs_ptr, table_ptr, E, NB, E_PAD, BLOCK_M, PERSISTENT, BLOCK_TABLE
+    )
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    total_tiles = num_pid_m * num_pid_n
+
+    if PERSISTENT:
+        # Grid = number of SMs; each program strides over the exact tile count.
+        for tile in tl.range(pid, total_tiles, NUM_PROGS):
+            _gemm_tile_any(
+                tile, a_ptr, w_ptr, out_ptr, N, K,
+                stride_am, stride_we, stride_wn, stride_om,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
+                UPCAST, IEEE,
+            )  # fmt: skip
+    else:
+        # The grid is an upper bound on the tiles; the programs past the real count idle.
+        if pid < total_tiles:
+            _gemm_tile_any(
+                pid, a_ptr, w_ptr, out_ptr, N, K,
+                stride_am, stride_we, stride_wn, stride_om,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
+                UPCAST, IEEE,
+            )  # fmt: skip
+
+
+@triton.jit
+def _gemm_tile_tma(
+    m0,
+    n0,
+    expert,
+    row_end,
+    a_desc,
+    w_desc,
+    out_desc,
+    out_ptr,
+    N,
+    K,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TMA_STORE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+    WARP_SPEC_K: tl.constexpr,
+):
+    """The output tile at (m0, n0) of ``expert`` with TMA loads: ``a_desc`` covers
+    A [M, K] in [BLOCK_M, BLOCK_K] boxes, ``w_desc`` covers W viewed as [E*N, K] in
+    [BLOCK_N, BLOCK_K] boxes. A box does not stop at an expert's end: rows past it (the
+    next expert's A rows, or the next expert's W rows past N) are multiplied but masked
+    at the store; rows and K columns past the tensors' ends are zero-filled by the
+    hardware. With TMA_STORE, a tile whose rows all belong to its expert is written by
+    ``out_desc`` (columns past N are clipped by the hardware); an expert's last, partial
+    tile keeps the masked store."""
+    # TMA coordinates are int32: E*N and M stay far below 2**31 rows.
+    w_row = expert * N + n0
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC_K):
+        a = a_desc.load([m0, k * BLOCK_K])
+        b = w_desc.load([w_row, k * BLOCK_K])
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
+
+    c = acc.to(out_ptr.dtype.element_ty)
+    if TMA_STORE and m0 + BLOCK_M <= row_end:
+        out_desc.store([m0, n0], c)
+    else:
+        # A TMA store of this box would write past the expert's end, into the next
+        # expert's rows.
+        rows = m0 + tl.arange(0, BLOCK_M)
+        cols = n0 + tl.arange(0, BLOCK_N)
+        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(out_ptrs, c, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
+
+
+@triton.jit
+def _gemm_tile_tma_any(
+    tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
+    TMA_STORE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
+):
+    """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
+    A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
+    smaller tiles keep the masked store: ``out_desc``'s box is the full tile's)."""
+    expert, m0, row_end, n0, h = _tile_map(
+        tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+        BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
+    )
+    if expert < 0:
+        pass
+    elif TAIL_SPLIT >= 2 and h == 2:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+    elif TAIL_SPLIT >= 1 and h == 1:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+    elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+    else:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+
+
+@triton.jit
+def _grouped_gemm_tma_kernel(
+    a_desc,
+    a_half,
+    a_quarter,
+    w_desc,
+    w_half,
+    out_desc,
+    out_ptr,
+    offs_ptr,
+    table_ptr,
+    N,
+    K,
+    E,
+    NB,
+    stride_om,
+    NUM_PROGS,
+    E_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
+    TMA_STORE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
+):
+    """USE_TMA=1: the same tile mapping as ``_grouped_gemm_kernel``, host-built tensor
+    descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A, W and out.
+    FLATTEN (persistent only) fuses the tile loop with the K loop into one software
+    pipeline, so the next tile's loads are in flight during this tile's store.
+    WARP_SPEC hands the pipelined loop to Triton's warp specialization (loads issued by a
+    producer warp group, MMAs by the others): the tile loop of the persistent kernel, the
+    K loop of the other."""
+    pid = tl.program_id(0)
+    e_idx, starts, ends, nblk, cum, num_pid_m = _prologue(
+        offs_ptr, table_ptr, E, NB, E_PAD, BLOCK_M, PERSISTENT, BLOCK_TABLE
+    )
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    total_tiles = num_pid_m * num_pid_n
+
+    if PERSISTENT:
+        for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN,
+                             warp_specialize=WARP_SPEC):
+            _gemm_tile_tma_any(
+                tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
+                UPCAST, IEEE,
+                False,
+            )  # fmt: skip
+    else:
+        if pid < total_tiles:
+            _gemm_tile_tma_any(
+                pid, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+                e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
+                UPCAST, IEEE,
+                WARP_SPEC,
+            )  # fmt: skip
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+_sm_cache: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    """Programs of the persistent grid: one per SM (CU on AMD), or a few on the CPU.
+    "meta" inputs (compile_only's stand-ins) count as the current GPU's."""
+    if device.type == "cpu" or not torch.cuda.is_available():
+        return _CPU_PROGRAMS
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_cache:
+        _sm_cache[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_cache[idx]
+
+
+def counts_to_offsets(counts: list[int]) -> list[int]:
+    """Per-expert row counts -> the [E + 1] offsets list."""
+    offs = [0]
+    for c in counts:
+        offs.append(offs[-1] + int(c))
+    return offs
+
+
+def make_grouped_inputs(
+    counts: list[int], N: int, K: int, dtype: str, seed: int, device: str
+) -> Inputs:
+    """Inputs for explicit per-expert row counts (tests use it to force empty experts)."""
+    # Drawn on the device itself: a CPU generator takes seconds for the 0.3 G values of
+    # the MoE shape, and a GPU's stream is as seeded and repeatable.
+    g = torch.Generator(device=device).manual_seed(seed)
+    E = len(counts)
+    offs = counts_to_offsets(counts)
+    M = offs[-1]
+    tdt = _TORCH_DTYPES[dtype]
+    a = torch.randn(M, K, generator=g, dtype=torch.float32, device=device)
+    # 1/sqrt(K) keeps every output element ~N(0, 1) whatever K is.
+    w = torch.randn(E, N, K, generator=g, dtype=torch.float32, device=device) / math.sqrt(K)
+    return {
+        "a": a.to(tdt).to(device),
+        "w": w.to(tdt).to(device),
+        "offsets": torch.tensor(offs, dtype=torch.int32).to(device),
+        # The eager loop slices on the host; a CPU copy spares it a device sync.
+        "offsets_host": offs,
+    }
+
+
+def _torch_grouped_mm() -> Callable[..., torch.Tensor] | None:
+    """torch.nn.functional.grouped_mm (public since torch 2.9) or torch._grouped_mm."""
+    fn = getattr(torch.nn.functional, "grouped_mm", None)
+    return fn if fn is not None else getattr(torch, "_grouped_mm", None)
+
+
+def _grouped_mm_baseline(inputs: Inputs, shape: Shape) -> Callable[[], torch.Tensor]:
+    """torch's grouped GEMM: 2D A [M, K] x 3D B [E, K, N] with int32 ``offs`` = the
+    experts' end rows. W.transpose(1, 2) is the column-major B it takes without a copy.
+    Its kernels want 16-byte aligned rows (K and N multiples of 8 in bf16) and, on CUDA,
+    bf16 on sm90+ for the fast path; where this torch refuses the problem, the raise
+    reaches the bench, which reports the baseline as failed."""
+    fn = _torch_grouped_mm()
+    if fn is None:
+        raise RuntimeError("this torch has no grouped_mm")
+    a, w = inputs["a"], inputs["w"]
+    b = w.transpose(1, 2)
+    ends = inputs["offsets"][1:].to(torch.int32).contiguous()
+    return lambda: fn(a, b, offs=ends, out_dtype=a.dtype)
+
+
+def _dense_baseline(inputs: Inputs, shape: Shape) -> Callable[[], torch.Tensor]:
+    """One dense [M, K] x [K, N] GEMM (expert 0's weight for every row): the same
+    2*M*N*K FLOPs and output shape, not the same result."""
+    a, w = inputs["a"], inputs["w"]
+    b = w[0].t()
+    out = torch.empty(a.shape[0], w.shape[1], dtype=a.dtype, device=a.device)
+    return lambda: torch.mm(a, b, out=out)
+
+
+class GroupedGemm(Launches, Kernel):
+    """Contiguous grouped GEMM: ``out[M, N] = A[rows of e] @ W[e]^T`` for each expert e."""
+
+    name: ClassVar[str] = "grouped_gemm"
+    dims: ClassVar[tuple[str, ...]] = ("M", "N", "K", "E")
+    # M (routed rows) varies per batch and is matched by nearest; the layer fixes the rest.
+    exact_dims: ClassVar[tuple[str, ...]] = ("N", "K", "E")
+    default_config: ClassVar[dict[str, Any]] = {
+        "BLOCK_M": 64,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 3,
+        "PERSISTENT": 0,
+        "USE_TMA": 0,
+        "FLATTEN": 0,
+        "TMA_STORE": 0,
+        "WARP_SPEC": 0,
+        "TAIL_SPLIT": 0,
+        "BLOCK_TABLE": 0,
+    }
+    shapes: ClassVar[dict[str, dict[str, int]]] = {
+        # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
+        # expert FFN 1408, 8192 tokens routed to top-6.
+        "deepseek-v3-16b": {"M": 8192 * 6, "N": 1408, "K": 2048, "E": 64},
+        "test": {"M": 320, "N": 128, "K": 128, "E": 4},
+    }
+
+    # -- inputs and semantics ---------------------------------------------------------
+    def make_inputs(self, shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
+        """Random routing with realistic imbalance: expert popularity is log-normal
+        (sigma 0.5: the hottest of 64 experts gets ~3x the mean load, as with a trained
+        router), and each expert is unused with probability 1/16, so empty experts occur;
+        then the M rows are drawn from that distribution."""
+        s = self.validate_shape(shape)
+        counts = self.routing_counts(s, seed)
+        # A different seed stream for the data, so the data does not depend on routing.
+        return make_grouped_inputs(counts, s["N"], s["K"], dtype, seed + 7919, device)
+
+    @staticmethod
+    def routing_counts(shape: Shape, seed: int) -> list[int]:
+        """The rows each expert gets in ``make_inputs`` (see there), without the data."""
+        M, E = int(shape["M"]), int(shape["E"])
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        probs = torch.exp(0.5 * torch.randn(E, generator=g))
+        unused = torch.rand(E, generator=g) < 1 / 16
+        if bool(unused.all()):
+            unused[0] = False
+        probs = torch.where(unused, torch.zeros_like(probs), probs)
+        if M > 0:
+            picks = torch.multinomial(probs, M, replacement=True, generator=g)
+            counts = torch.bincount(picks, minlength=E).tolist()
+        else:
+            counts = [0] * E
+        return counts
+
+    def reference(self, inputs: Inputs, shape: Shape) -> torch.Tensor:
+        a, w, offs = inputs["a"], inputs["w"], inputs["offsets_host"]
+        out = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float32, device=a.device)
+        for e in range(w.shape[0]):
+            lo, hi = offs[e], offs[e + 1]
+            if hi > lo:
+                out[lo:hi] = a[lo:hi].float() @ w[e].float().t()
+        return out
+
+    def eager(self, inputs: Inputs, shape: Shape) -> torch.Tensor:
+        """The loop users write: one torch.mm per expert into a preallocated output.
+        The loop runs over the host offsets, so it is static under torch.compile."""
+        a, w, offs = inputs["a"], inputs["w"], inputs["offsets_host"]
+        out = torch.empty(a.shape[0], w.shape[1], dtype=a.dtype, device=a.device)
+        for e in range(w.shape[0]):
+            lo, hi = offs[e], offs[e + 1]
+            if hi > lo:
+                torch.mm(a[lo:hi], w[e].t(), out=out[lo:hi])
+        return out
+
+    def _launches(self, inputs: Inputs, config: Config) -> tuple[list[Launch], torch.Tensor]:
+        """The config's launches (the block table's first with BLOCK_TABLE, then the
+        GEMM) and the output: what the launcher runs and compile_only compiles."""
+        cfg = {**self.default_config, **config}
+        a, w, offsets = inputs["a"], inputs["w"], inputs["offsets"]
+        M, K = a.shape
+        E, N, _ = w.shape
+        if a.stride(1) != 1 or w.stride(2) != 1:
+            raise ValueError("grouped_gemm: A and W need a contiguous K dimension")
+        out = torch.empty(M, N, dtype=a.dtype, device=a.device)
+        bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+        persistent = int(cfg["PERSISTENT"])
+        tail_split = int(cfg["TAIL_SPLIT"])
+        block_table = bool(int(cfg["BLOCK_TABLE"]))
+        e_pad = max(2, _next_pow2(E))
+
+        # Virtual m-blocks, known without a sync: sum_e ceil(cnt_e / BM) <= M // BM + E,
+        # and with the table's split tails each expert adds at most TAIL_SPLIT pieces.
+        nb = M // bm + E * (max(1, tail_split) if block_table else 1)
+        tiles_bound = nb * triton.cdiv(N, bn)
+        num_progs = max(1, min(_num_sms(a.device), tiles_bound)) if persistent else 1
+        grid = (num_progs if persistent else max(1, tiles_bound),)
+        launches: list[Launch] = []
+        # Unused without BLOCK_TABLE: the offsets stand in for the pointer.
+        table = offsets
+        if block_table:
+            # Allocated once per launcher, refilled by every call (the routing may change
+            # between calls on the same buffers).
+            table = torch.empty(4 * nb + 1, dtype=torch.int32, device=a.device)
+            chunk = max(16, min(256, 4096 // e_pad))
+            launches.append(Launch(
+                _block_table_kernel, (triton.cdiv(nb, chunk),), (offsets, table, E, nb),
+                {"E_PAD": e_pad, "BLOCK_M": bm, "TAIL_SPLIT": tail_split, "CHUNK": chunk,
+                 "num_warps": 4},
+            ))  # fmt: skip
+
+        launch_kw: dict[str, Any] = {
+            "num_warps": int(cfg["num_warps"]),
+            "num_stages": int(cfg["num_stages"]),
+        }
+        if a.device.type != "cpu" and torch.version.hip is not None:
+            launch_kw.update({k: cfg[k] for k in _AMD_KWARGS if k in cfg})
+
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        common = {
+            "E_PAD": e_pad,
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": bk,
+            "GROUP_M": int(cfg["GROUP_M"]),
+            "PERSISTENT": persistent,
+            "BLOCK_TABLE": block_table,
+            "TAIL_SPLIT": tail_split,
+            "UPCAST": interpreted and a.dtype != torch.float32,
+            # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
+            "IEEE": a.dtype == torch.float32,
+            **launch_kw,
+        }
+        if int(cfg.get("USE_TMA", 0)):
+            self._check_tma_layout(a, w)
+            # The descriptors are built once, here, not per launch.
+            a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+            w_desc = TensorDescriptor.from_tensor(w.view(E * N, K), [bn, bk])
+            out_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+            # The smaller tiles' boxes; where a config has none, the full ones stand in.
+            a_half = a_quarter = a_desc
+            w_half = w_desc
+            if tail_split >= 1:
+                a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
+                w_half = TensorDescriptor.from_tensor(w.view(E * N, K), [bn // 2, bk])
+            if tail_split >= 2:
+                a_quarter = TensorDescriptor.from_tensor(a, [bm // 4, bk])
+            args = (a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out, offsets, table,
+                    N, K, E, nb, out.stride(0), num_progs)
+            meta = {
+                **common,
+                "FLATTEN": bool(int(cfg["FLATTEN"])),
+                "TMA_STORE": bool(int(cfg["TMA_STORE"])),
+                "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
+            }
+            launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
+            return launches, out
+        args = (
+            a, w, out, offsets, table, N, K, E, nb,
+            a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+            num_progs,
+        )  # fmt: skip
+        meta = {**common, "EVEN_K": K % bk == 0}
+        launches.append(Launch(_grouped_gemm_kernel, grid, args, meta))
+        return launches, out
+
+    @staticmethod
+    def _check_tma_layout(a: torch.Tensor, w: torch.Tensor) -> None:
+        """TMA wants 16-byte aligned bases and row strides, and W's [E, N] rows must
+        flatten to one [E*N, K] matrix."""
+        for name, t in (("A", a), ("W", w)):
+            # Meta tensors (compile_only) have no address to check.
+            base = 0 if t.device.type == "meta" else t.data_ptr()
+            if base % 16 or (t.stride(-2) * t.element_size()) % 16:
+                raise ValueError(f"grouped_gemm USE_TMA: {name} is not 16-byte aligned")
+        if w.stride(0) != w.shape[1] * w.stride(1):
+            raise ValueError("grouped_gemm USE_TMA: W's experts are not contiguous")
+
+    # -- baselines --------------------------------------------------------------------
+    def baselines(self) -> dict[str, Callable[[Inputs, Shape], Callable[[], Any]]]:
+        """torch's grouped GEMM where this torch has it, and a dense cuBLAS GEMM of the
+        same FLOPs (a speed yardstick only: it multiplies every row by expert 0's W, so
+        its accuracy reads as a mismatch)."""
+        out: dict[str, Callable[[Inputs, Shape], Callable[[], Any]]] = {}
+        if _torch_grouped_mm() is not None:
+            out["torch._grouped_mm"] = _grouped_mm_baseline
+        out["dense cuBLAS (same FLOPs, not the same result)"] = _dense_baseline
+        return out
+
+    # -- cost model -------------------------------------------------------------------
+    def flops(self, shape: Shape) -> float:
+        return 2.0 * shape["M"] * shape["N"] * shape["K"]
+
+    def bytes_moved(self, shape: Shape, dtype: str) -> float:
+        M, N, K, E = (int(shape[d]) for d in self.dims)
+        item = torch.tensor([], dtype=_TORCH_DTYPES[dtype]).element_size()
+        return float((M * K + E * N * K + M * N) * item + (E + 1) * 4)
+
+    # -- accuracy and validity --------------------------------------------------------
+    def tolerance(self, dtype: str, config: Config) -> Tolerance:
+        # Outputs are O(1); the error is the final rounding to the input dtype plus fp32
+        # summation order. fp32 runs with IEEE products (no TF32), hence the tight bound.
+        return {
+            "fp32": Tolerance(1e-4, 1e-4),
+            "fp16": Tolerance(1e-2, 1e-2),
+        }.get(dtype, Tolerance(2e-2, 2e-2))
+
+    def check_config(self, config: Config, shape: Shape, device: DeviceSpec) -> str | None:
+        cfg = {**self.default_config, **config}
+        bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+        warps, stages = int(cfg["num_warps"]), int(cfg["num_stages"])
+        N, K = int(shape["N"]), int(shape["K"])
+
+        # AMD launch knobs are refused by the NVIDIA backend; the launcher drops them
+        # there, so such a config would only repeat the one without them.
+        amd_keys = [k for k in _AMD_KWARGS if k in config]
+        if amd_keys and device.vendor != "amd":
+            return f"{', '.join(amd_keys)}: AMD-only launch options on a {device.vendor} device"
+        # tl.dot needs every tile dimension >= 16 and arange needs powers of two.
+        for name, v in (("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk)):
+            if v < 16 or v & (v - 1):
+                return f"{name}={v}: must be a power of two >= 16"
+        if int(cfg.get("USE_TMA", 0)):
+            # Interpreted Triton emulates descriptors (checked on 3.9), so CPU runs test it.
+            if not (device.has_tma or device.interpreted):
+                return f"USE_TMA=1: {device.key} has no TMA"
+            # Row strides must be 16-byte multiples (2-byte dtypes assumed, as below).
+            if K % 8:
+                return f"USE_TMA=1: K={K} rows are not 16-byte aligned"
+            # A TMA box is at most 256 elements a side.
+            if max(bm, bn, bk) > 256:
+                return "USE_TMA=1: TMA boxes are at most 256 elements a side"
+        flatten, tma_store = int(cfg["FLATTEN"]), int(cfg["TMA_STORE"])
+        # Both only exist in the TMA kernel; elsewhere they would repeat another config.
+        if flatten and not (int(cfg.get("USE_TMA", 0)) and int(cfg["PERSISTENT"])):
+            return "FLATTEN=1 needs USE_TMA=1 and PERSISTENT=1"
+        if tma_store and not int(cfg.get("USE_TMA", 0)):
+            return "TMA_STORE=1 needs USE_TMA=1"
+        if flatten and tma_store and _FLATTEN_STORE_BROKEN and not device.interpreted:
+            return (f"FLATTEN=1 with TMA_STORE=1: Triton {triton.__version__} cannot fuse the "
+                    "loops around the conditional store")
+        if int(cfg["WARP_SPEC"]):
+            if not int(cfg.get("USE_TMA", 0)):
+                return "WARP_SPEC=1 needs USE_TMA=1"
+            if device.vendor != "nvidia" and not device.interpreted:
+                return f"WARP_SPEC=1: Triton warp-specializes on NVIDIA GPUs only, not {device.key}"
+        split = int(cfg["TAIL_SPLIT"])
+        if split:
+            # The smaller tiles are still tl.dot tiles (>= 16 a side); a flattened loop is
+            # one software pipeline of one tile shape.
+            if split not in (1, 2):
+                return f"TAIL_SPLIT={split}: 0, 1 (halves) or 2 (halves and quarters)"
+            if bm >> split < 16 or bn < 32:
+                return (f"TAIL_SPLIT={split}: BLOCK_M={bm} >> {split} or half of "
+                        f"BLOCK_N={bn} is below 16")
+            if split == 2 and not int(cfg["BLOCK_TABLE"]):
+                return "TAIL_SPLIT=2 needs BLOCK_TABLE=1 (a tail of several pieces)"
+            if flatten:
+                return "TAIL_SPLIT with FLATTEN=1: the flattened pipeline has one tile shape"
+        if tma_store and N % 8:
+            return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
+        if int(cfg["GROUP_M"]) < 1:
+            return f"GROUP_M={cfg['GROUP_M']}: must be >= 1"
+        # A tile more than twice the padded dimension is mostly masked-out work.
+        if bn > max(16, _next_pow2(N)):
+            return f"BLOCK_N={bn} > next_pow2(N)={_next_pow2(N)}"
+        if bk > max(16, _next_pow2(K)):
+            return f"BLOCK_K={bk} > next_pow2(K)={_next_pow2(K)}"
+        # Shared memory: the software pipeline keeps num_stages A and W tiles resident;
+        # the epilogue's layout conversion reuses that space, so it only counts when larger.
+        # check_config does not see the dtype: 2 bytes (bf16/fp16, the tuned dtypes) is
+        # assumed; an fp32 config that does not fit fails at compile time instead.
+        # AMD's stream pipeliner holds one stage in registers, so it needs one LDS buffer
+        # fewer than it has stages.
+        item = 2
+        buffers = max(1, stages - 1) if device.vendor == "amd" else stages
+        pipeline, epilogue = buffers * (bm * bk + bn * bk) * item, bm * bn * item
+        # A flattened loop keeps loading the next tile while this one is stored, and a
+        # TMA store stages the tile in a buffer of its own: then both are live at once.
+        smem = pipeline + epilogue if (flatten or tma_store) else max(pipeline, epilogue)
+        if smem > device.smem_per_block:
+            return f"shared memory ~{smem} B > {device.smem_per_block} B per block"
+        # Registers: the fp32 accumulator is spread over the threads; beyond 256 fp32
+        # values a thread (half the 255-register file is already the operands'
+        # fragments and addresses) it spills for certain.
+        if bm * bn > 256 * 256:
+            return f"accumulator {bm}x{bn} is larger than 256x256"
+        lanes = 64 if device.vendor == "amd" else 32
+        per_thread = bm * bn // (warps * lanes)
+        if per_thread > 256:
+            return f"{per_thread} accumulator values per thread > 256 (num_warps={warps})"
+        # AMD: more than 8 wavefronts of 64 lanes per workgroup leaves too few VGPRs each.
+        if device.vendor == "amd" and warps > 8:
+            return f"num_warps={warps} > 8 on AMD"
+        return None
