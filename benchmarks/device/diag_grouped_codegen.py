@@ -21,9 +21,8 @@ import tempfile
 import traceback
 
 import torch
-import triton
 
-from benchmarks.device.diag_grouped_steady import CONFIGS, uniform_counts
+from benchmarks.device.diag_grouped_steady import CONFIGS, paired_rounds, uniform_counts
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
 
 SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
@@ -88,14 +87,7 @@ def main() -> None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
         dense[prob] = lambda a=inputs["a"], b=b, o=out: torch.mm(a, b, out=o)
         del ref
-    ratios = {k: [] for k in fns}
-    times = {k: [] for k in fns}
-    for _ in range(args.rounds):
-        for (prob, name), fn in fns.items():
-            t = triton.testing.do_bench(fn, warmup=25, rep=args.rep)
-            d = triton.testing.do_bench(dense[prob], warmup=25, rep=args.rep)
-            times[(prob, name)].append(t)
-            ratios[(prob, name)].append(d / t)
+    times, ratios, _ = paired_rounds(fns, dense, args.rounds, args.rep)
     print(f"\n{torch.cuda.get_device_name()}, {args.rounds} rounds, rep {args.rep} ms\n")
     print("| routing | variant | median ms | dense / variant |\n|---|---|---|---|")
     for (prob, name), xs in times.items():

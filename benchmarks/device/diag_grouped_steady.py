@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 
 import torch
 import triton
@@ -48,6 +49,29 @@ def uniform_counts(M: int, E: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, E, (M,), generator=g)
     return torch.bincount(picks, minlength=E).tolist()
+
+
+def paired_rounds(
+    fns: dict[tuple[str, str], Callable[[], object]],
+    dense: dict[str, Callable[[], object]],
+    rounds: int,
+    rep: int,
+) -> tuple[dict, dict, dict]:
+    """Each (problem, variant) timed, then its problem's dense GEMM right after, for
+    ``rounds`` rounds: the variant's times, its dense / variant ratios, and every dense
+    time per problem."""
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in fns}
+    ratios: dict[tuple[str, str], list[float]] = {k: [] for k in fns}
+    dense_ms: dict[str, list[float]] = {p: [] for p in dense}
+    for r in range(rounds):
+        for (prob, name), fn in fns.items():
+            t = triton.testing.do_bench(fn, warmup=25, rep=rep)
+            d = triton.testing.do_bench(dense[prob], warmup=25, rep=rep)
+            times[(prob, name)].append(t)
+            ratios[(prob, name)].append(d / t)
+            dense_ms[prob].append(d)
+        print(f"round {r} done", flush=True)
+    return times, ratios, dense_ms
 
 
 def main() -> None:
@@ -91,17 +115,7 @@ def main() -> None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
         dense[prob] = lambda a=inputs["a"], b=b, o=out: torch.mm(a, b, out=o)
         del ref
-    ratios: dict[tuple[str, str], list[float]] = {k: [] for k in fns}
-    times: dict[tuple[str, str], list[float]] = {k: [] for k in fns}
-    dense_ms: dict[str, list[float]] = {p: [] for p in problems}
-    for r in range(args.rounds):
-        for (prob, name), fn in fns.items():
-            t = triton.testing.do_bench(fn, warmup=25, rep=args.rep)
-            d = triton.testing.do_bench(dense[prob], warmup=25, rep=args.rep)
-            times[(prob, name)].append(t)
-            ratios[(prob, name)].append(d / t)
-            dense_ms[prob].append(d)
-        print(f"round {r} done", flush=True)
+    times, ratios, dense_ms = paired_rounds(fns, dense, args.rounds, args.rep)
     flops = 2.0 * M * N * K
     print(f"\n{torch.cuda.get_device_name()}, M={M} N={N} K={K} E={E} bf16, "
           f"{args.rounds} rounds, do_bench rep {args.rep} ms\n")
