@@ -22,8 +22,8 @@ import traceback
 
 import torch
 
-from benchmarks.device.diag_grouped_steady import CONFIGS, paired_rounds, uniform_counts
-from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
+from benchmarks.device.diag_grouped_steady import CONFIGS, make_problems, paired_rounds
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline
 
 SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
 CUOBJDUMP = "/usr/local/cuda/bin/cuobjdump"
@@ -58,13 +58,7 @@ def main() -> None:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         fams["old"] = mod.GroupedGemm()
-    M, N, K, E = (SHAPE[d] for d in ("M", "N", "K", "E"))
-    problems = {
-        "log-normal": fams["new"].make_inputs(SHAPE, "bf16", seed=0, device="cuda"),
-        "balanced": make_grouped_inputs([M // E] * E, N, K, "bf16", seed=1, device="cuda"),
-        "uniform": make_grouped_inputs(uniform_counts(M, E, 2), N, K, "bf16", seed=2,
-                                       device="cuda"),
-    }
+    problems = make_problems(fams["new"])
     fns, dense = {}, {}
     for prob, inputs in problems.items():
         ref = fams["new"].reference(inputs, SHAPE)
@@ -83,9 +77,7 @@ def main() -> None:
                     fns[key] = fn
                 except Exception:
                     print(f"FAILED {key}:\n{traceback.format_exc()[-3000:]}", flush=True)
-        b = inputs["w"][0].t()
-        out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-        dense[prob] = lambda a=inputs["a"], b=b, o=out: torch.mm(a, b, out=o)
+        dense[prob] = _dense_baseline(inputs, SHAPE)
         del ref
     times, ratios, _ = paired_rounds(fns, dense, args.rounds, args.rep)
     print(f"\n{torch.cuda.get_device_name()}, {args.rounds} rounds, rep {args.rep} ms\n")

@@ -23,7 +23,12 @@ import torch
 import triton
 
 from benchmarks.device.diag_grouped_map import closed_form
-from kernels.grouped_gemm import GroupedGemm, _grouped_mm_baseline, make_grouped_inputs
+from kernels.grouped_gemm import (
+    GroupedGemm,
+    _dense_baseline,
+    _grouped_mm_baseline,
+    make_grouped_inputs,
+)
 
 SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
 T = {"USE_TMA": 1, "PERSISTENT": 0, "FLATTEN": 0, "TMA_STORE": 0, "GROUP_M": 1,
@@ -49,6 +54,18 @@ def uniform_counts(M: int, E: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, E, (M,), generator=g)
     return torch.bincount(picks, minlength=E).tolist()
+
+
+def make_problems(fam: GroupedGemm) -> dict[str, dict]:
+    """The three routings' inputs on the GPU: log-normal (the harness's), balanced,
+    uniform."""
+    M, N, K, E = (SHAPE[d] for d in ("M", "N", "K", "E"))
+    return {
+        "log-normal": fam.make_inputs(SHAPE, "bf16", seed=0, device="cuda"),
+        "balanced": make_grouped_inputs([M // E] * E, N, K, "bf16", seed=1, device="cuda"),
+        "uniform": make_grouped_inputs(uniform_counts(M, E, 2), N, K, "bf16", seed=2,
+                                       device="cuda"),
+    }
 
 
 def paired_rounds(
@@ -86,12 +103,7 @@ def main() -> None:
     from harness import packs
     hit = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
     CONFIGS[f"this GPU's pack ({hit.source})"] = dict(hit.config)
-    problems = {
-        "log-normal": fam.make_inputs(SHAPE, "bf16", seed=0, device="cuda"),
-        "balanced": make_grouped_inputs([M // E] * E, N, K, "bf16", seed=1, device="cuda"),
-        "uniform": make_grouped_inputs(uniform_counts(M, E, 2), N, K, "bf16", seed=2,
-                                       device="cuda"),
-    }
+    problems = make_problems(fam)
     fns: dict[tuple[str, str], object] = {}
     dense: dict[str, object] = {}
     notes: dict[str, str] = {}
@@ -101,9 +113,8 @@ def main() -> None:
                  for name, cfg in CONFIGS.items()}
         cands["torch._grouped_mm"] = lambda i=inputs: _grouped_mm_baseline(i, SHAPE)
         if prob == "balanced":
-            for tile in ((256, 128, 64, 8, 4),):
-                cands[f"closed-form lookup {tile[0]}x{tile[1]} w8 s{tile[4]} (diagnostic)"] = (
-                    lambda t=tile, i=inputs: closed_form(i, E, t))
+            cands["closed-form lookup 256x128 w8 s4 (diagnostic)"] = (
+                lambda i=inputs: closed_form(i, E, (256, 128, 64, 8, 4)))
         for name, make in cands.items():
             try:
                 fn = make()
@@ -111,9 +122,7 @@ def main() -> None:
                 fns[(prob, name)] = fn
             except Exception as exc:  # a config that fails is reported, not fatal
                 notes[f"{prob} {name}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        b = inputs["w"][0].t()
-        out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-        dense[prob] = lambda a=inputs["a"], b=b, o=out: torch.mm(a, b, out=o)
+        dense[prob] = _dense_baseline(inputs, SHAPE)
         del ref
     times, ratios, dense_ms = paired_rounds(fns, dense, args.rounds, args.rep)
     flops = 2.0 * M * N * K
