@@ -1,0 +1,214 @@
+"""Would an expert's last rows cost less riding on its last full tile (swap-AB)?
+
+Session 12 found the quarter tiles of TAIL_SPLIT=2 (1.4 % of the rows on uniform routing)
+costing ~9 % of the time: each re-reads a whole W tile from L2 for a quarter of the work.
+Here an expert's last ``r % (BLOCK_M / 4)`` rows are instead computed by the CTA of its
+last full BLOCK_M block, in the same K loop, from the same W tile in shared memory:
+``acc_c[BN, CB] += W_tile[BN, BK] @ A_carry[CB, BK]^T`` (the rows become wgmma's N, in a
+box CB of 16, 32 or 64 rows), so they cost their MMA and their A bytes but no W reads and
+no tile of their own. What is left of the remainder is an exact multiple of BLOCK_M / 4
+and runs as half and quarter tiles without padding. An expert with no full block keeps
+the padded pieces.
+
+This is an emulation (the block table is built on the host from the known routing; the
+shipped kernel builds it on the GPU): timed back to back with dense cuBLAS and with the
+shipped kernel's best config on the same routing, as in ``diag_grouped_steady.py``.
+
+    python3 benchmarks/device/diag_grouped_carry.py [--rounds 5] [--rep 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline, make_grouped_inputs
+
+
+def carry_table(counts: list[int], bm: int, boxes: int) -> list[tuple[int, ...]]:
+    """Per m-block (expert, first row, the expert's end row, height class h, carried
+    rows): full blocks, the last one carrying ``r % (bm // 4)`` rows (``boxes`` = 0
+    carries none: the shipped TAIL_SPLIT=2 decomposition), then half / quarter pieces."""
+    grain = bm // 4
+    out: list[tuple[int, ...]] = []
+    start = 0
+    for e, c in enumerate(counts):
+        end = start + c
+        full, r = divmod(c, bm)
+        carry = r % grain if (boxes and full) else 0
+        rest = r - carry
+        u = -(-rest // grain)
+        for j in range(full):
+            out.append((e, start + j * bm, end, 0, carry if j == full - 1 else 0))
+        row = start + full * bm
+        if u == 4:
+            out.append((e, row, end, 0, 0))
+        else:
+            if u & 2:
+                out.append((e, row, end, 1, 0))
+                row += 2 * grain
+            if u & 1:
+                out.append((e, row, end, 2, 0))
+        start = end
+    return out
+
+
+@triton.jit
+def _tile(m0, n0, expert, row_end, cn, a_desc, w_desc, c_desc, out_ptr, N, K, stride_om,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+          CB: tl.constexpr, UPCAST: tl.constexpr, WS: tl.constexpr):
+    """A BLOCK_M x BLOCK_N tile at (m0, n0); with CB > 0 also the expert's last ``cn``
+    rows (<= CB) from the same W boxes, as W @ A_carry^T."""
+    w_row = expert * N + n0
+    c0 = row_end - cn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_c = tl.zeros((BLOCK_N, CB if CB > 0 else 16), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WS):
+        a = a_desc.load([m0, k * BLOCK_K])
+        b = w_desc.load([w_row, k * BLOCK_K])
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, tl.trans(b), acc)
+        if CB > 0:
+            c = c_desc.load([c0, k * BLOCK_K])
+            if UPCAST:
+                c = c.to(tl.float32)
+            acc_c = tl.dot(b, tl.trans(c), acc_c)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=(rows < row_end)[:, None])
+    if CB > 0:
+        crow = c0 + tl.arange(0, CB)
+        tl.store(out_ptr + crow.to(tl.int64)[None, :] * stride_om + cols[:, None],
+                 acc_c.to(out_ptr.dtype.element_ty), mask=(crow < row_end)[None, :])
+
+
+@triton.jit
+def _carry_kernel(a_desc, a_half, a_quarter, c1, c2, c3, w_desc, out_ptr, table_ptr,
+                  N, K, NB, stride_om,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BOXES: tl.constexpr, UPCAST: tl.constexpr, WS: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = N // BLOCK_N
+    pid_m = pid // num_pid_n
+    n0 = (pid % num_pid_n) * BLOCK_N
+    expert = tl.load(table_ptr + pid_m)
+    m0 = tl.load(table_ptr + NB + pid_m)
+    row_end = tl.load(table_ptr + 2 * NB + pid_m)
+    h = tl.load(table_ptr + 3 * NB + pid_m)
+    cn = tl.load(table_ptr + 4 * NB + pid_m)
+    G: tl.constexpr = BLOCK_M // 4
+    # The constexpr leads each condition, so a box a config lacks is never compiled.
+    if h == 2:
+        _tile(m0, n0, expert, row_end, 0, a_quarter, w_desc, a_quarter, out_ptr, N, K,
+              stride_om, G, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+    elif h == 1:
+        _tile(m0, n0, expert, row_end, 0, a_half, w_desc, a_half, out_ptr, N, K,
+              stride_om, 2 * G, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+    elif BOXES == 0 or cn == 0:
+        _tile(m0, n0, expert, row_end, 0, a_desc, w_desc, a_desc, out_ptr, N, K,
+              stride_om, BLOCK_M, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+    elif BOXES >= 3 and cn <= G // 4:
+        _tile(m0, n0, expert, row_end, cn, a_desc, w_desc, c3, out_ptr, N, K,
+              stride_om, BLOCK_M, BLOCK_N, BLOCK_K, G // 4, UPCAST, WS)
+    elif BOXES >= 2 and cn <= G // 2:
+        _tile(m0, n0, expert, row_end, cn, a_desc, w_desc, c2, out_ptr, N, K,
+              stride_om, BLOCK_M, BLOCK_N, BLOCK_K, G // 2, UPCAST, WS)
+    else:
+        _tile(m0, n0, expert, row_end, cn, a_desc, w_desc, c1, out_ptr, N, K,
+              stride_om, BLOCK_M, BLOCK_N, BLOCK_K, G, UPCAST, WS)
+
+
+def carry_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...], boxes: int,
+                   ws: bool = True):
+    """A no-argument callable running the carry kernel on ``inputs`` (routing ``counts``);
+    ``tile`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); ``boxes`` = how many
+    carry boxes (G, G/2, G/4 rows; 0: no carry, the shipped decomposition)."""
+    bm, bn, bk, warps, stages = tile
+    a, w = inputs["a"], inputs["w"]
+    M, K = a.shape
+    E, N, _ = w.shape
+    assert N % bn == 0 and K % bk == 0
+    rows = carry_table(counts, bm, boxes)
+    nb = len(rows)
+    table = torch.tensor([list(col) for col in zip(*rows, strict=True)],
+                         dtype=torch.int32).reshape(-1).to(a.device)
+    out = torch.empty(M, N, dtype=a.dtype, device=a.device)
+    g = bm // 4
+    descs = [TensorDescriptor.from_tensor(a, [x, bk]) for x in (bm, bm // 2, g, g, g // 2,
+                                                                g // 4)]
+    w_desc = TensorDescriptor.from_tensor(w.view(E * N, K), [bn, bk])
+    upcast = os.environ.get("TRITON_INTERPRET") == "1"
+
+    def run() -> torch.Tensor:
+        run.compiled = _carry_kernel[(nb * (N // bn),)](
+            *descs, w_desc, out, table, N, K, nb, out.stride(0),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BOXES=boxes, UPCAST=upcast, WS=ws,
+            num_warps=warps, num_stages=stages)
+        return out
+
+    return run
+
+
+def main() -> None:
+    from benchmarks.device.diag_grouped_codegen import serialized
+    from benchmarks.device.diag_grouped_steady import CONFIGS, paired_rounds, uniform_counts
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rep", type=int, default=100)
+    args = ap.parse_args()
+    shape = GroupedGemm.shapes["deepseek-v3-16b"]
+    fam = GroupedGemm()
+    M, N, K, E = (shape[d] for d in ("M", "N", "K", "E"))
+    routings = {"log-normal": GroupedGemm.routing_counts(shape, 0),
+                "uniform": uniform_counts(M, E, 2)}
+    variants = {"carry 64 s4": ((256, 128, 64, 8, 4), 1),
+                "carry 32/64 s4": ((256, 128, 64, 8, 4), 2),
+                "carry 16/32/64 s4": ((256, 128, 64, 8, 4), 3),
+                "carry 16/32/64 s3": ((256, 128, 64, 8, 3), 3),
+                "no carry s4 (emulation of shipped)": ((256, 128, 64, 8, 4), 0)}
+    fns, dense, notes = {}, {}, {}
+    for prob, counts in routings.items():
+        inputs = make_grouped_inputs(counts, N, K, "bf16", seed=3, device="cuda")
+        ref = fam.reference(inputs, shape)
+        tab = carry_table(counts, 256, 1)
+        print(f"{prob}: {len(tab)} blocks, {sum(1 for t in tab if t[4])} carrying "
+              f"{sum(t[4] for t in tab)} rows; shipped: {len(carry_table(counts, 256, 0))} "
+              "blocks", flush=True)
+        cands = {name: (lambda t=t, b=b, i=inputs, c=counts: carry_launcher(i, c, t, b))
+                 for name, (t, b) in variants.items()}
+        cands["shipped best"] = (lambda i=inputs: fam.launcher(
+            i, shape, CONFIGS["256x128 s4 split2 table WS"]))
+        for name, make in cands.items():
+            try:
+                fn = make()
+                torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
+                fns[(prob, name)] = fn
+                k = getattr(fn, "compiled", None)
+                if k is not None and prob == "uniform":
+                    print(f"{name}: regs {k.n_regs} spills {k.n_spills} shared "
+                          f"{k.metadata.shared}, {serialized(k)}", flush=True)
+            except Exception as exc:  # a variant that fails is reported, not fatal
+                notes[f"{prob} {name}"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+                print("note:", prob, name, notes[f"{prob} {name}"], flush=True)
+        dense[prob] = _dense_baseline(inputs, shape)
+        del ref
+    times, ratios, _ = paired_rounds(fns, dense, args.rounds, args.rep)
+    print(f"\n{torch.cuda.get_device_name()}, {args.rounds} rounds, rep {args.rep} ms\n")
+    print("| routing | variant | median ms | dense / it |\n|---|---|---|---|")
+    for (prob, name), xs in times.items():
+        print(f"| {prob} | {name} | {statistics.median(xs):.4f} | "
+              f"{statistics.median(ratios[(prob, name)]):.1%} |")
+
+
+if __name__ == "__main__":
+    main()
