@@ -14,7 +14,13 @@ This is an emulation (the block table is built on the host from the known routin
 shipped kernel builds it on the GPU): timed back to back with dense cuBLAS and with the
 shipped kernel's best config on the same routing, as in ``diag_grouped_steady.py``.
 
-    python3 benchmarks/device/diag_grouped_carry.py [--rounds 5] [--rep 100]
+    python3 benchmarks/device/diag_grouped_carry.py [--rounds 5] [--rep 100] \\
+        [--study carry|prefetch]
+
+``--study prefetch`` asks another question with the same kernel (no carry): does each
+expert's first block bulk-prefetching a W tile into L2 (``cp.async.bulk.prefetch``, whole
+4 KB rows, its own expert's or 1-4 experts ahead) make streaming 64 experts' weights
+cheaper than the TMA loads' 128-byte pieces do?
 """
 
 from __future__ import annotations
@@ -31,11 +37,15 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline, make_grouped_inputs
 
 
-def carry_table(counts: list[int], bm: int, boxes: int) -> list[tuple[int, ...]]:
+def carry_table(counts: list[int], bm: int, boxes: int,
+                ahead: int | None = None) -> list[tuple[int, ...]]:
     """Per m-block (expert, first row, the expert's end row, height class h, carried
-    rows): full blocks, the last one carrying ``r % (bm // 4)`` rows (``boxes`` = 0
-    carries none: the shipped TAIL_SPLIT=2 decomposition), then half / quarter pieces."""
+    rows, expert whose W tile to prefetch or -1): full blocks, the last one carrying
+    ``r % (bm // 4)`` rows (``boxes`` = 0 carries none: the shipped TAIL_SPLIT=2
+    decomposition), then half / quarter pieces. With ``ahead`` set, an expert's first
+    block prefetches the W tile of the ``ahead``-th next non-empty expert (0: its own)."""
     grain = bm // 4
+    live = [e for e, c in enumerate(counts) if c]
     out: list[tuple[int, ...]] = []
     start = 0
     for e, c in enumerate(counts):
@@ -44,19 +54,36 @@ def carry_table(counts: list[int], bm: int, boxes: int) -> list[tuple[int, ...]]
         carry = r % grain if (boxes and full) else 0
         rest = r - carry
         u = -(-rest // grain)
-        for j in range(full):
-            out.append((e, start + j * bm, end, 0, carry if j == full - 1 else 0))
+        pf = -1
+        if ahead is not None and c:
+            i = live.index(e) + ahead
+            pf = live[i] if i < len(live) else -1
+        blocks = [(start + j * bm, 0, carry if j == full - 1 else 0) for j in range(full)]
         row = start + full * bm
         if u == 4:
-            out.append((e, row, end, 0, 0))
+            blocks.append((row, 0, 0))
         else:
             if u & 2:
-                out.append((e, row, end, 1, 0))
+                blocks.append((row, 1, 0))
                 row += 2 * grain
             if u & 1:
-                out.append((e, row, end, 2, 0))
+                blocks.append((row, 2, 0))
+        out += [(e, m0, end, h, cn, pf if i == 0 else -1)
+                for i, (m0, h, cn) in enumerate(blocks)]
         start = end
     return out
+
+
+@triton.jit
+def _prefetch_w(w_ptr, expert, n0, N, K, BLOCK_N: tl.constexpr):
+    """Bulk-prefetch ``expert``'s W rows n0 .. n0 + BLOCK_N (K contiguous elements each)
+    into L2: one sequential 2*K-byte read per row, issued ahead of the TMA loads."""
+    rows = (expert * N + n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
+    ptrs = w_ptr + rows * K
+    nbytes = tl.full((BLOCK_N,), 0, tl.int32) + K * 2
+    tl.inline_asm_elementwise(
+        "mov.u32 $0, 0; cp.async.bulk.prefetch.L2.global [$1], $2;", "=r,l,r",
+        [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -92,10 +119,11 @@ def _tile(m0, n0, expert, row_end, cn, a_desc, w_desc, c_desc, out_ptr, N, K, st
 
 
 @triton.jit
-def _carry_kernel(a_desc, a_half, a_quarter, c1, c2, c3, w_desc, out_ptr, table_ptr,
+def _carry_kernel(a_desc, a_half, a_quarter, c1, c2, c3, w_desc, w_ptr, out_ptr, table_ptr,
                   N, K, NB, stride_om,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BOXES: tl.constexpr, UPCAST: tl.constexpr, WS: tl.constexpr):
+                  BOXES: tl.constexpr, PREFETCH: tl.constexpr, UPCAST: tl.constexpr,
+                  WS: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_n = N // BLOCK_N
     pid_m = pid // num_pid_n
@@ -105,6 +133,10 @@ def _carry_kernel(a_desc, a_half, a_quarter, c1, c2, c3, w_desc, out_ptr, table_
     row_end = tl.load(table_ptr + 2 * NB + pid_m)
     h = tl.load(table_ptr + 3 * NB + pid_m)
     cn = tl.load(table_ptr + 4 * NB + pid_m)
+    if PREFETCH:
+        pfe = tl.load(table_ptr + 5 * NB + pid_m)
+        if pfe >= 0:
+            _prefetch_w(w_ptr, pfe, n0, N, K, BLOCK_N)
     G: tl.constexpr = BLOCK_M // 4
     # The constexpr leads each condition, so a box a config lacks is never compiled.
     if h == 2:
@@ -128,16 +160,17 @@ def _carry_kernel(a_desc, a_half, a_quarter, c1, c2, c3, w_desc, out_ptr, table_
 
 
 def carry_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...], boxes: int,
-                   ws: bool = True):
+                   ws: bool = True, ahead: int | None = None):
     """A no-argument callable running the carry kernel on ``inputs`` (routing ``counts``);
     ``tile`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); ``boxes`` = how many
-    carry boxes (G, G/2, G/4 rows; 0: no carry, the shipped decomposition)."""
+    carry boxes (G, G/2, G/4 rows; 0: no carry, the shipped decomposition); ``ahead``
+    as in ``carry_table`` (None: no prefetch)."""
     bm, bn, bk, warps, stages = tile
     a, w = inputs["a"], inputs["w"]
     M, K = a.shape
     E, N, _ = w.shape
     assert N % bn == 0 and K % bk == 0
-    rows = carry_table(counts, bm, boxes)
+    rows = carry_table(counts, bm, boxes, ahead)
     nb = len(rows)
     table = torch.tensor([list(col) for col in zip(*rows, strict=True)],
                          dtype=torch.int32).reshape(-1).to(a.device)
@@ -150,12 +183,31 @@ def carry_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...], boxes
 
     def run() -> torch.Tensor:
         run.compiled = _carry_kernel[(nb * (N // bn),)](
-            *descs, w_desc, out, table, N, K, nb, out.stride(0),
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BOXES=boxes, UPCAST=upcast, WS=ws,
+            *descs, w_desc, w, out, table, N, K, nb, out.stride(0),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BOXES=boxes, PREFETCH=ahead is not None,
+            UPCAST=upcast, WS=ws,
             num_warps=warps, num_stages=stages)
         return out
 
     return run
+
+
+T4 = (256, 128, 64, 8, 4)
+# name: (tile, carry boxes, prefetch distance or None)
+STUDIES = {
+    "carry": {"carry 64 s4": (T4, 1, None),
+              "carry 32/64 s4": (T4, 2, None),
+              "carry 16/32/64 s4": (T4, 3, None),
+              "carry 16/32/64 s3": ((256, 128, 64, 8, 3), 3, None),
+              "no carry s4 (emulation of shipped)": (T4, 0, None)},
+    # Is streaming the experts' weights (~6 % at E=64, README) DRAM access order? Each
+    # expert's first block bulk-prefetches a W tile, whole 4 KB rows at a time.
+    "prefetch": {"no prefetch": (T4, 0, None),
+                 "prefetch own W tile": (T4, 0, 0),
+                 "prefetch 1 expert ahead": (T4, 0, 1),
+                 "prefetch 2 experts ahead": (T4, 0, 2),
+                 "prefetch 4 experts ahead": (T4, 0, 4)},
+}
 
 
 def main() -> None:
@@ -165,27 +217,27 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--study", choices=sorted(STUDIES), default="carry")
     args = ap.parse_args()
     shape = GroupedGemm.shapes["deepseek-v3-16b"]
     fam = GroupedGemm()
     M, N, K, E = (shape[d] for d in ("M", "N", "K", "E"))
     routings = {"log-normal": GroupedGemm.routing_counts(shape, 0),
                 "uniform": uniform_counts(M, E, 2)}
-    variants = {"carry 64 s4": ((256, 128, 64, 8, 4), 1),
-                "carry 32/64 s4": ((256, 128, 64, 8, 4), 2),
-                "carry 16/32/64 s4": ((256, 128, 64, 8, 4), 3),
-                "carry 16/32/64 s3": ((256, 128, 64, 8, 3), 3),
-                "no carry s4 (emulation of shipped)": ((256, 128, 64, 8, 4), 0)}
+    if args.study == "prefetch":
+        routings["balanced"] = [M // E] * E
+    variants = STUDIES[args.study]
     fns, dense, notes = {}, {}, {}
     for prob, counts in routings.items():
         inputs = make_grouped_inputs(counts, N, K, "bf16", seed=3, device="cuda")
         ref = fam.reference(inputs, shape)
         tab = carry_table(counts, 256, 1)
-        print(f"{prob}: {len(tab)} blocks, {sum(1 for t in tab if t[4])} carrying "
+        print(f"{prob} ({args.study}): {len(tab)} blocks, {sum(1 for t in tab if t[4])} carrying "
               f"{sum(t[4] for t in tab)} rows; shipped: {len(carry_table(counts, 256, 0))} "
               "blocks", flush=True)
-        cands = {name: (lambda t=t, b=b, i=inputs, c=counts: carry_launcher(i, c, t, b))
-                 for name, (t, b) in variants.items()}
+        cands = {name: (lambda t=t, b=b, a=a, i=inputs, c=counts:
+                        carry_launcher(i, c, t, b, ahead=a))
+                 for name, (t, b, a) in variants.items()}
         cands["shipped best"] = (lambda i=inputs: fam.launcher(
             i, shape, CONFIGS["256x128 s4 split2 table WS"]))
         for name, make in cands.items():
