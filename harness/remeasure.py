@@ -10,9 +10,12 @@ their same-round ratios: a GPU whose clock moves under its power cap shifts a wh
 (the spread of one candidate's re-measurements reached 10-22 % on an H200 at 5/20 ms),
 which the ratio of two medians would read as a difference between the configs.
 
-When candidates are within noise of the best (their median within ``NOISE`` (2 %) of the best
-median, or within half the best's own spread of re-measurements, at most ``MAX_NOISE``),
-the one that is more robust across neighbouring shapes wins: the one
+When candidates are within noise of the best (their median within ``NOISE`` (2 %) of the
+best median, or within half the best's own spread of re-measurements, at most
+``MAX_NOISE``), unless their same-round ratios say otherwise (slower than the best by more
+than ``CONSISTENT_GAP`` in every one of at least ``CONSISTENT_ROUNDS`` rounds: an order
+that the interleaved rounds keep every time is a measurement, not noise), the one that is
+more robust across neighbouring shapes wins: the one
 whose latency, relative to the best of each other study of the same kernel, dtype and
 hardware, is lowest on average where it was measured there. With no such evidence the
 pack's current winner for the shape (the incumbent, re-measured beside the top configs
@@ -44,6 +47,14 @@ NOISE = 0.02
 #: ... or within half the best's relative spread, up to this much: a single slow
 #: re-measurement must not make a config 10 % slower by its median a tie.
 MAX_NOISE = 0.03
+#: A candidate slower than the best by more than this in every same-round pair ...
+CONSISTENT_GAP = 0.005
+#: ... of at least this many rounds is measurably slower, however small its median gap:
+#: with no difference between them, five rounds all ordered one way happen 1 time in 32.
+#: Seen on an H200 (2026-11-24, grouped GEMM at the MoE shape): a config 1.0-2.2 % slower
+#: in each of 5 rounds tied within NOISE and won on footprint; back-to-back timings put
+#: it 2-4 % behind the fastest on every routing and on the H100.
+CONSISTENT_ROUNDS = 5
 #: The incumbent is re-measured when the search measured it within this fraction of the
 #: study's best (further off, it cannot come out within noise of the winner). A search's
 #: single short measurement is noisy: on an H200 at 5/20 ms the same config's search
@@ -87,16 +98,27 @@ class Candidate:
         return (self.hi - self.lo) / self.median if self.samples else math.nan
 
 
+def _same_round_ratios(c: Candidate, best: Candidate) -> list[float]:
+    mine = dict(zip(c.rounds, c.samples, strict=False))
+    theirs = dict(zip(best.rounds, best.samples, strict=False))
+    return [mine[r] / theirs[r] for r in sorted(mine.keys() & theirs.keys())]
+
+
 def relative(c: Candidate, best: Candidate) -> tuple[float, bool]:
     """``c``'s latency over ``best``'s, and whether it is paired: the median of their
     same-round ratios where both have samples of known rounds in common, else the ratio
     of their medians."""
-    mine = dict(zip(c.rounds, c.samples, strict=False))
-    theirs = dict(zip(best.rounds, best.samples, strict=False))
-    common = mine.keys() & theirs.keys()
-    if common:
-        return statistics.median(mine[r] / theirs[r] for r in common), True
+    ratios = _same_round_ratios(c, best)
+    if ratios:
+        return statistics.median(ratios), True
     return c.median / best.median, False
+
+
+def consistently_slower(c: Candidate, best: Candidate) -> bool:
+    """Whether ``c`` was slower than ``best`` by more than ``CONSISTENT_GAP`` in every
+    one of at least ``CONSISTENT_ROUNDS`` same-round pairs."""
+    ratios = _same_round_ratios(c, best)
+    return len(ratios) >= CONSISTENT_ROUNDS and min(ratios) > 1 + CONSISTENT_GAP
 
 
 def robustness(config: Mapping[str, Any],
@@ -134,7 +156,7 @@ def pick(cands: Sequence[Candidate],
     tied = []
     for c in ok:
         ratio, paired = relative(c, best)
-        if ratio <= 1 + (NOISE if paired else loose):
+        if ratio <= 1 + (NOISE if paired else loose) and not consistently_slower(c, best):
             tied.append(c)
     if len(tied) > 1:
         scored = sorted(tied, key=lambda c: (robust(c.config), c.median))

@@ -228,3 +228,33 @@ def test_remeasurements_are_planned_in_rounds_with_their_own_budget() -> None:
     assert len({t.group for t in tasks}) == 1
     slow = exp.model_copy(update={"timing": exp.timing.model_copy(update={"rep_ms": 100})})
     assert all(len(t.args) == 5 for t in _remeasure_tasks(slow, st))
+
+
+def test_a_config_slower_in_every_round_is_no_tie_however_small_the_gap() -> None:
+    """The H200's re-measurement of the grouped GEMM's tail grid (2026-11-24, session 11
+    call 10, 200 ms windows): the 3-stage config was 1.0-2.2 % slower than the best in
+    each of the 5 rounds, inside the 2 % band by its median ratio, and won on footprint;
+    back to back with dense cuBLAS it was 2-4 % behind on every routing. An order every
+    round keeps is a measurement: it is no tie now, the 4-stage configs are."""
+    rounds = [0, 1, 2, 3, 4]
+    tile = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "WARP_SPEC": 1}
+    best = Candidate({**tile, "num_stages": 4, "TAIL_SPLIT": 1}, 0.482,
+                     samples=[0.50698, 0.51619, 0.50630, 0.50832, 0.52512], rounds=rounds)
+    split2 = Candidate({**tile, "num_stages": 4, "TAIL_SPLIT": 2}, 0.482,
+                       samples=[0.50384, 0.50122, 0.51534, 0.51670, 0.51296], rounds=rounds)
+    s3 = Candidate({**tile, "num_stages": 3, "TAIL_SPLIT": 1}, 0.477,
+                   samples=[0.51789, 0.52205, 0.51147, 0.51754, 0.53216], rounds=rounds)
+    assert remeasure.relative(s3, best)[0] < 1 + remeasure.NOISE  # inside the band
+    assert remeasure.consistently_slower(s3, best)
+    assert not remeasure.consistently_slower(split2, best)  # faster in two rounds
+    win, why = remeasure.pick([s3, split2, best])
+    assert win is not s3 and win.config["num_stages"] == 4, why
+    assert "2 configs within noise" in why
+    # Fewer rounds than CONSISTENT_ROUNDS: the band decides alone, footprint picks s3.
+    short = [Candidate(c.config, c.search_ms, samples=c.samples[:4], rounds=rounds[:4])
+             for c in (s3, best)]
+    assert remeasure.pick(short)[0] is short[0]
+    # Slower in every round, but by no more than CONSISTENT_GAP: still a tie.
+    near = Candidate(s3.config, 0.477, samples=[x * 1.004 for x in best.samples],
+                     rounds=rounds)
+    assert remeasure.pick([near, best])[0] is near
