@@ -49,6 +49,11 @@ def tracking_uri(configured: str | None) -> str:
 
 @functools.lru_cache(maxsize=1)
 def git_sha() -> str:
+    """The harness checkout's commit, for provenance; ``HARNESS_GIT_SHA`` overrides it
+    where the code runs from a copy whose ``.git`` is absent or not the code's (a
+    container image, a synced working tree)."""
+    if os.environ.get("HARNESS_GIT_SHA"):
+        return os.environ["HARNESS_GIT_SHA"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=5, cwd=Path(__file__).parent)

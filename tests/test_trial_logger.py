@@ -167,3 +167,23 @@ def test_history_points_are_written_in_batches(tmp_path, monkeypatch):
         assert steps == [i for i in range(n) if i != 3]
     finally:
         event.remove(Engine, "connect", fast_commits)
+
+
+def test_git_sha_is_the_checkouts_unless_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Provenance names the checkout's commit; HARNESS_GIT_SHA names it where the code
+    runs from a copy whose .git is not the code's (the device's synced working tree
+    carried a stale one: packs named a commit older than the code that tuned them)."""
+    import subprocess
+
+    root = Path(track.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=root).stdout.strip()
+    track.git_sha.cache_clear()
+    monkeypatch.delenv("HARNESS_GIT_SHA", raising=False)
+    try:
+        assert track.git_sha() == (head or "unknown")
+        track.git_sha.cache_clear()
+        monkeypatch.setenv("HARNESS_GIT_SHA", "0123abc")
+        assert track.git_sha() == "0123abc"
+    finally:
+        track.git_sha.cache_clear()
