@@ -24,7 +24,11 @@ them: a re-tune replaces a pack entry only for a config measurably faster, so pa
 not churn between runs over configs the GPU's noise cannot order. Otherwise the one
 with the smallest footprint wins (fewest pipeline stages, then warps, then the smallest
 tile): a rule, not a measurement, so that a re-run whose top configs are the same picks
-the same winner, where the lowest of medians within noise would be a coin toss.
+the same winner, where the lowest of medians within noise would be a coin toss. Between
+equal footprints the lower same-round ratio to the best decides: a tile of 256x128 and
+one of 128x256 are no smaller than each other, and the config's key (what decided
+before) ordered them by name, which on an H100 put a config 2 % behind the fastest in
+the pack.
 """
 
 from __future__ import annotations
@@ -169,7 +173,10 @@ def pick(cands: Sequence[Candidate],
         if kept:
             return kept[0], (f"{len(tied)} configs within noise; the pack's current "
                              "winner stays")
-        win = min(tied, key=lambda c: footprint(c.config))
+        # Equal footprints: the same-round ratio to the best, the one measurement that
+        # has ordered them; the config key last, for a total order.
+        win = min(tied, key=lambda c: (footprint(c.config)[:3], relative(c, best)[0],
+                                       footprint(c.config)[3:]))
         return win, (f"{len(tied)} configs within noise; no neighbouring shapes: the "
-                     "smallest footprint (stages, warps, tile)")
+                     "smallest footprint (stages, warps, tile, then same-round ratio)")
     return best, "lowest median of the interleaved re-measurements"

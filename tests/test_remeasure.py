@@ -258,3 +258,30 @@ def test_a_config_slower_in_every_round_is_no_tie_however_small_the_gap() -> Non
     near = Candidate(s3.config, 0.477, samples=[x * 1.004 for x in best.samples],
                      rounds=rounds)
     assert remeasure.pick([near, best])[0] is near
+
+
+def test_equal_footprints_go_to_the_lower_same_round_ratio() -> None:
+    """The H100's re-measurement of the tail grid (2026-11-24, session 13 call 5): five
+    configs within noise, all 4 stages and 8 warps, tiles of 256x128 and 128x256 (the
+    same area). The config key used to order them by name and took 128x256 GROUP_M 8,
+    2 % behind the fastest back to back with dense cuBLAS; the same-round ratio to the
+    best decides now."""
+    rounds = [0, 1, 2, 3, 4]
+    base = {"BLOCK_K": 64, "num_warps": 8, "num_stages": 4}
+    wide = {**base, "BLOCK_M": 128, "BLOCK_N": 256, "GROUP_M": 8, "TAIL_SPLIT": 1}
+    tall = {**base, "BLOCK_M": 256, "BLOCK_N": 128, "GROUP_M": 1, "TAIL_SPLIT": 2,
+            "BLOCK_TABLE": 1, "WARP_SPEC": 1}
+    best = Candidate(tall, 0.48, samples=[0.45619, 0.49413, 0.50557, 0.49037, 0.50445],
+                     rounds=rounds)
+    other = Candidate({**tall, "WARP_SPEC": 0}, 0.48,
+                      samples=[0.49286, 0.47174, 0.49758, 0.49613, 0.50726], rounds=rounds)
+    named_first = Candidate(wide, 0.48, samples=[0.50074, 0.50365, 0.47379, 0.51288,
+                                                 0.51341], rounds=rounds)
+    assert remeasure.footprint(wide)[:3] == remeasure.footprint(tall)[:3]
+    assert remeasure.footprint(wide) < remeasure.footprint(tall)  # by key, before
+    win, why = remeasure.pick([named_first, other, best])
+    assert win is best and "3 configs within noise" in why and "same-round" in why
+    # A smaller footprint still comes first: three stages beat the better ratio.
+    s3 = Candidate({**wide, "num_stages": 3}, 0.48, samples=named_first.samples,
+                   rounds=rounds)
+    assert remeasure.pick([s3, best])[0] is s3
