@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 
 import torch
 import triton
@@ -212,7 +211,12 @@ STUDIES = {
 
 def main() -> None:
     from benchmarks.device.diag_grouped_codegen import serialized
-    from benchmarks.device.diag_grouped_steady import CONFIGS, paired_rounds, uniform_counts
+    from benchmarks.device.diag_grouped_steady import (
+        CONFIGS,
+        paired_rounds,
+        print_pairs,
+        uniform_counts,
+    )
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -255,11 +259,7 @@ def main() -> None:
         dense[prob] = _dense_baseline(inputs, shape)
         del ref
     times, ratios, _ = paired_rounds(fns, dense, args.rounds, args.rep)
-    print(f"\n{torch.cuda.get_device_name()}, {args.rounds} rounds, rep {args.rep} ms\n")
-    print("| routing | variant | median ms | dense / it |\n|---|---|---|---|")
-    for (prob, name), xs in times.items():
-        print(f"| {prob} | {name} | {statistics.median(xs):.4f} | "
-              f"{statistics.median(ratios[(prob, name)]):.1%} |")
+    print_pairs(times, ratios, args.rounds, args.rep)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import statistics
 import subprocess
 import tempfile
 import traceback
 
 import torch
 
-from benchmarks.device.diag_grouped_steady import CONFIGS, make_problems, paired_rounds
+from benchmarks.device.diag_grouped_steady import (
+    CONFIGS,
+    make_problems,
+    paired_rounds,
+    print_pairs,
+)
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline
 
 SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
@@ -80,11 +84,7 @@ def main() -> None:
         dense[prob] = _dense_baseline(inputs, SHAPE)
         del ref
     times, ratios, _ = paired_rounds(fns, dense, args.rounds, args.rep)
-    print(f"\n{torch.cuda.get_device_name()}, {args.rounds} rounds, rep {args.rep} ms\n")
-    print("| routing | variant | median ms | dense / variant |\n|---|---|---|---|")
-    for (prob, name), xs in times.items():
-        print(f"| {prob} | {name} | {statistics.median(xs):.4f} | "
-              f"{statistics.median(ratios[(prob, name)]):.1%} |")
+    print_pairs(times, ratios, args.rounds, args.rep)
 
 
 if __name__ == "__main__":

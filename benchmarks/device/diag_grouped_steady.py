@@ -91,6 +91,15 @@ def paired_rounds(
     return times, ratios, dense_ms
 
 
+def print_pairs(times: dict, ratios: dict, rounds: int, rep: int) -> None:
+    """``paired_rounds``' results as a markdown table: median time and median ratio."""
+    print(f"\n{torch.cuda.get_device_name()}, {rounds} rounds, rep {rep} ms\n")
+    print("| routing | variant | median ms | dense / variant |\n|---|---|---|---|")
+    for (prob, name), xs in times.items():
+        print(f"| {prob} | {name} | {statistics.median(xs):.4f} | "
+              f"{statistics.median(ratios[(prob, name)]):.1%} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
