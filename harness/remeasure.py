@@ -79,10 +79,23 @@ class Candidate:
     samples: list[float] = field(default_factory=list)  # re-measured medians
     failures: list[str] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)  # the round of each sample, where known
+    results: list[dict[str, Any]] = field(default_factory=list)  # each sample's measurement
 
-    def add(self, latency_ms: float, round_: int) -> None:
+    def add(self, latency_ms: float, round_: int,
+            result: Mapping[str, Any] | None = None) -> None:
         self.samples.append(latency_ms)
         self.rounds.append(round_)
+        self.results.append(dict(result or {}))
+
+    @property
+    def median_result(self) -> dict[str, Any]:
+        """The whole measurement behind the median sample (the lower middle one of an even
+        count), so that a winner's latency, p20/p80 and rates come from one timing; {}
+        where the measurements were not kept."""
+        if not self.samples or len(self.results) != len(self.samples):
+            return {}
+        order = sorted(range(len(self.samples)), key=self.samples.__getitem__)
+        return self.results[order[(len(order) - 1) // 2]]
 
     @property
     def median(self) -> float:
