@@ -149,13 +149,15 @@ def robustness(config: Mapping[str, Any],
 
 def footprint(config: Mapping[str, Any]) -> tuple:
     """A config's resource use, for ties: pipeline stages, warps, tile area, then the
-    config's key (total order)."""
+    config's key (total order). The area multiplies the ``BLOCK_*`` values above 1: a
+    0/1 switch that happens to be named BLOCK_* (the grouped GEMM's BLOCK_TABLE) is no
+    tile size, and at 0 it made the area 0 (the smallest) for every config without it."""
     def num(k: str) -> float:
         v = config.get(k, 0)
         return float(v) if isinstance(v, (int, float)) else 0.0
 
-    area = math.prod(num(k) for k in config if k.startswith("BLOCK")) if any(
-        k.startswith("BLOCK") for k in config) else 0.0
+    dims = [num(k) for k in config if k.startswith("BLOCK")]
+    area = math.prod(d for d in dims if d > 1) if dims else 0.0
     return (num("num_stages"), num("num_warps"), area, config_key(config))
 
 

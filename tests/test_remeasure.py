@@ -304,3 +304,19 @@ def test_the_median_result_is_one_measurement() -> None:
     c.add(0.60, 5, {"latency_ms": 0.60})
     assert c.median_result["latency_ms"] == 0.51  # the lower middle of six
     assert Candidate({"x": 2}, 1.0, samples=[1.0]).median_result == {}
+
+
+def test_a_block_named_switch_is_no_tile_size() -> None:
+    """H200, 2026-11-24 (session 13 call 8): three 256x128 s4 configs within noise; the
+    one without the block table won on footprint because BLOCK_TABLE=0 multiplied its
+    "tile area" to 0, though the best by every round had the table."""
+    rounds = [0, 1, 2, 3, 4]
+    tile = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}
+    table = {**tile, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2}
+    plain = {**tile, "BLOCK_TABLE": 0, "TAIL_SPLIT": 1}
+    area = 256 * 128 * 64
+    assert remeasure.footprint(table)[:3] == remeasure.footprint(plain)[:3] == (4, 8, area)
+    best = Candidate(table, 0.50, samples=[0.50, 0.51, 0.50, 0.51, 0.50], rounds=rounds)
+    near = Candidate(plain, 0.50, samples=[0.507, 0.509, 0.512, 0.515, 0.512], rounds=rounds)
+    win, why = remeasure.pick([near, best])
+    assert win is best, why
