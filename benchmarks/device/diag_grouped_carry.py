@@ -15,12 +15,14 @@ shipped kernel builds it on the GPU): timed back to back with dense cuBLAS and w
 shipped kernel's best config on the same routing, as in ``diag_grouped_steady.py``.
 
     python3 benchmarks/device/diag_grouped_carry.py [--rounds 5] [--rep 100] \\
-        [--study carry|prefetch]
+        [--study carry|prefetch|dynamic]
 
-``--study prefetch`` asks another question with the same kernel (no carry): does each
-expert's first block bulk-prefetching a W tile into L2 (``cp.async.bulk.prefetch``, whole
-4 KB rows, its own expert's or 1-4 experts ahead) make streaming 64 experts' weights
-cheaper than the TMA loads' 128-byte pieces do?
+``--study dynamic`` asks whether persistent programs that take their tiles from an atomic
+counter and load each tile's table entry a tile ahead recover what the closed-form lookup
+is ahead of the table by. ``--study prefetch`` asks another question with the same kernel
+(no carry): does each expert's first block bulk-prefetching a W tile into L2
+(``cp.async.bulk.prefetch``, whole 4 KB rows, its own expert's or 1-4 experts ahead) make
+streaming 64 experts' weights cheaper than the TMA loads' 128-byte pieces do?
 """
 
 from __future__ import annotations
@@ -191,26 +193,125 @@ def carry_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...], boxes
     return run
 
 
+@triton.jit
+def _entry(table_ptr, NB, tile, total_tiles, num_pid_n):
+    """The table's (expert, first row, end row, height class) of ``tile``'s m-block (a
+    clamped index past the last tile: the values are not used then)."""
+    pid_m = tl.minimum(tile, total_tiles - 1) // num_pid_n
+    return (tl.load(table_ptr + pid_m), tl.load(table_ptr + NB + pid_m),
+            tl.load(table_ptr + 2 * NB + pid_m), tl.load(table_ptr + 3 * NB + pid_m))
+
+
+@triton.jit
+def _dynamic_kernel(a_desc, a_half, a_quarter, w_desc, out_ptr, table_ptr, counter_ptr,
+                    N, K, NB, total_tiles, stride_om, NUM_PROGS,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """Persistent, tiles handed out by an atomic counter (a program that finishes early
+    takes the next one), the tile ids two ahead: at the start of a tile the program
+    claims the tile after next and loads the table entry of the next, whose id it
+    claimed a tile earlier, so neither the atomic's nor the table's latency sits
+    between two tiles."""
+    num_pid_n = N // BLOCK_N
+    tile = tl.program_id(0)
+    expert, m0, row_end, h = _entry(table_ptr, NB, tile, total_tiles, num_pid_n)
+    nxt = tl.atomic_add(counter_ptr, 1) + NUM_PROGS
+    G: tl.constexpr = BLOCK_M // 4
+    while tile < total_tiles:
+        after = tl.atomic_add(counter_ptr, 1) + NUM_PROGS
+        n_expert, n_m0, n_end, n_h = _entry(table_ptr, NB, nxt, total_tiles, num_pid_n)
+        n0 = (tile % num_pid_n) * BLOCK_N
+        if h == 2:
+            _tile(m0, n0, expert, row_end, 0, a_quarter, w_desc, a_quarter, out_ptr, N, K,
+                  stride_om, G, BLOCK_N, BLOCK_K, 0, UPCAST, False)
+        elif h == 1:
+            _tile(m0, n0, expert, row_end, 0, a_half, w_desc, a_half, out_ptr, N, K,
+                  stride_om, 2 * G, BLOCK_N, BLOCK_K, 0, UPCAST, False)
+        else:
+            _tile(m0, n0, expert, row_end, 0, a_desc, w_desc, a_desc, out_ptr, N, K,
+                  stride_om, BLOCK_M, BLOCK_N, BLOCK_K, 0, UPCAST, False)
+        tile = nxt
+        nxt = after
+        expert = n_expert
+        m0 = n_m0
+        row_end = n_end
+        h = n_h
+
+
+def dynamic_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...],
+                     programs: int | None = None):
+    """A no-argument callable running ``_dynamic_kernel`` (the shipped decomposition:
+    full, half and quarter tiles) with ``programs`` persistent programs (one per SM by
+    default)."""
+    bm, bn, bk, warps, stages = tile
+    a, w = inputs["a"], inputs["w"]
+    M, K = a.shape
+    E, N, _ = w.shape
+    assert N % bn == 0 and K % bk == 0
+    rows = carry_table(counts, bm, 0)
+    nb = len(rows)
+    table = torch.tensor([list(col) for col in zip(*rows, strict=True)],
+                         dtype=torch.int32).reshape(-1).to(a.device)
+    counter = torch.zeros(1, dtype=torch.int32, device=a.device)
+    out = torch.empty(M, N, dtype=a.dtype, device=a.device)
+    descs = [TensorDescriptor.from_tensor(a, [x, bk]) for x in (bm, bm // 2, bm // 4)]
+    w_desc = TensorDescriptor.from_tensor(w.view(E * N, K), [bn, bk])
+    upcast = os.environ.get("TRITON_INTERPRET") == "1"
+    total = nb * (N // bn)
+    if programs is None:
+        programs = (torch.cuda.get_device_properties(a.device).multi_processor_count
+                    if a.device.type == "cuda" else 4)
+    programs = min(programs, total)
+
+    def run() -> torch.Tensor:
+        counter.zero_()
+        run.compiled = _dynamic_kernel[(programs,)](
+            *descs, w_desc, out, table, counter, N, K, nb, total, out.stride(0), programs,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast,
+            num_warps=warps, num_stages=stages)
+        return out
+
+    return run
+
+
 T4 = (256, 128, 64, 8, 4)
-# name: (tile, carry boxes, prefetch distance or None)
+
+
+def _carry(tile: tuple[int, ...], boxes: int, ahead: int | None = None, ws: bool = True):
+    return lambda inputs, counts: carry_launcher(inputs, counts, tile, boxes, ws, ahead)
+
+
+def _dynamic(tile: tuple[int, ...]):
+    return lambda inputs, counts: dynamic_launcher(inputs, counts, tile)
+
+
+# name: launcher factory (inputs, counts) -> callable
 STUDIES = {
-    "carry": {"carry 64 s4": (T4, 1, None),
-              "carry 32/64 s4": (T4, 2, None),
-              "carry 16/32/64 s4": (T4, 3, None),
-              "carry 16/32/64 s3": ((256, 128, 64, 8, 3), 3, None),
-              "no carry s4 (emulation of shipped)": (T4, 0, None)},
+    "carry": {"carry 64 s4": _carry(T4, 1),
+              "carry 32/64 s4": _carry(T4, 2),
+              "carry 16/32/64 s4": _carry(T4, 3),
+              "carry 16/32/64 s3": _carry((256, 128, 64, 8, 3), 3),
+              "no carry s4 (emulation of shipped)": _carry(T4, 0)},
     # Is streaming the experts' weights (~6 % at E=64, README) DRAM access order? Each
     # expert's first block bulk-prefetches a W tile, whole 4 KB rows at a time.
-    "prefetch": {"no prefetch": (T4, 0, None),
-                 "prefetch own W tile": (T4, 0, 0),
-                 "prefetch 1 expert ahead": (T4, 0, 1),
-                 "prefetch 2 experts ahead": (T4, 0, 2),
-                 "prefetch 4 experts ahead": (T4, 0, 4)},
+    "prefetch": {"no prefetch": _carry(T4, 0),
+                 "prefetch own W tile": _carry(T4, 0, 0),
+                 "prefetch 1 expert ahead": _carry(T4, 0, 1),
+                 "prefetch 2 experts ahead": _carry(T4, 0, 2),
+                 "prefetch 4 experts ahead": _carry(T4, 0, 4)},
+    # Is the table's per-tile latency (each one-tile program loads its entry before its
+    # first TMA load) what the closed-form lookup is ahead by? Persistent programs that
+    # take tiles from an atomic counter and load the next tile's entry a tile ahead.
+    "dynamic": {"dynamic persistent s4": _dynamic(T4),
+                "dynamic persistent s3": _dynamic((256, 128, 64, 8, 3)),
+                "one tile per program s4 (emulation of shipped)": _carry(T4, 0, ws=False),
+                "one tile per program s4 WS": _carry(T4, 0)},
 }
 
 
 def main() -> None:
     from benchmarks.device.diag_grouped_codegen import serialized
+    from benchmarks.device.diag_grouped_map import closed_form
     from benchmarks.device.diag_grouped_steady import (
         CONFIGS,
         paired_rounds,
@@ -228,7 +329,7 @@ def main() -> None:
     M, N, K, E = (shape[d] for d in ("M", "N", "K", "E"))
     routings = {"log-normal": GroupedGemm.routing_counts(shape, 0),
                 "uniform": uniform_counts(M, E, 2)}
-    if args.study == "prefetch":
+    if args.study in ("prefetch", "dynamic"):
         routings["balanced"] = [M // E] * E
     variants = STUDIES[args.study]
     fns, dense, notes = {}, {}, {}
@@ -239,11 +340,13 @@ def main() -> None:
         print(f"{prob} ({args.study}): {len(tab)} blocks, {sum(1 for t in tab if t[4])} carrying "
               f"{sum(t[4] for t in tab)} rows; shipped: {len(carry_table(counts, 256, 0))} "
               "blocks", flush=True)
-        cands = {name: (lambda t=t, b=b, a=a, i=inputs, c=counts:
-                        carry_launcher(i, c, t, b, ahead=a))
-                 for name, (t, b, a) in variants.items()}
+        cands = {name: (lambda f=f, i=inputs, c=counts: f(i, c))
+                 for name, f in variants.items()}
         cands["shipped best"] = (lambda i=inputs: fam.launcher(
             i, shape, CONFIGS["256x128 s4 split2 table WS"]))
+        if prob == "balanced" and args.study == "dynamic":
+            cands["closed-form lookup s4 (diagnostic)"] = (
+                lambda i=inputs: closed_form(i, E, (256, 128, 64, 8, 4)))
         for name, make in cands.items():
             try:
                 fn = make()
