@@ -15,7 +15,7 @@ shipped kernel builds it on the GPU): timed back to back with dense cuBLAS and w
 shipped kernel's best config on the same routing, as in ``diag_grouped_steady.py``.
 
     python3 benchmarks/device/diag_grouped_carry.py [--rounds 5] [--rep 100] \\
-        [--study carry|prefetch|dynamic]
+        [--study carry|prefetch|dynamic|branches]
 
 ``--study dynamic`` asks whether persistent programs that take their tiles from an atomic
 counter and load each tile's table entry a tile ahead recover what the closed-form lookup
@@ -140,7 +140,10 @@ def _carry_kernel(a_desc, a_half, a_quarter, c1, c2, c3, w_desc, w_ptr, out_ptr,
             _prefetch_w(w_ptr, pfe, n0, N, K, BLOCK_N)
     G: tl.constexpr = BLOCK_M // 4
     # The constexpr leads each condition, so a box a config lacks is never compiled.
-    if h == 2:
+    if BOXES < 0:  # full tiles only (right for balanced routing alone): no tail branches
+        _tile(m0, n0, expert, row_end, 0, a_desc, w_desc, a_desc, out_ptr, N, K,
+              stride_om, BLOCK_M, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+    elif h == 2:
         _tile(m0, n0, expert, row_end, 0, a_quarter, w_desc, a_quarter, out_ptr, N, K,
               stride_om, G, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
     elif h == 1:
@@ -164,7 +167,8 @@ def carry_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...], boxes
                    ws: bool = True, ahead: int | None = None):
     """A no-argument callable running the carry kernel on ``inputs`` (routing ``counts``);
     ``tile`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); ``boxes`` = how many
-    carry boxes (G, G/2, G/4 rows; 0: no carry, the shipped decomposition); ``ahead``
+    carry boxes (G, G/2, G/4 rows; 0: no carry, the shipped decomposition; -1: full tiles
+    only, no tail branches compiled, balanced routing alone); ``ahead``
     as in ``carry_table`` (None: no prefetch)."""
     bm, bn, bk, warps, stages = tile
     a, w = inputs["a"], inputs["w"]
@@ -302,6 +306,12 @@ STUDIES = {
     # Is the table's per-tile latency (each one-tile program loads its entry before its
     # first TMA load) what the closed-form lookup is ahead by? Persistent programs that
     # take tiles from an atomic counter and load the next tile's entry a tile ahead.
+    # Balanced routing only: does the table kernel's full-tile path lose to the closed-form
+    # lookup because of the tail branches compiled beside it (code size, registers)?
+    "branches": {"table, full tiles only": _carry(T4, -1, ws=False),
+                 "table, full tiles only, WS": _carry(T4, -1),
+                 "table, with tail branches": _carry(T4, 0, ws=False),
+                 "table, with tail branches, WS": _carry(T4, 0)},
     "dynamic": {"dynamic persistent s4": _dynamic(T4),
                 "dynamic persistent s3": _dynamic((256, 128, 64, 8, 3)),
                 "one tile per program s4 (emulation of shipped)": _carry(T4, 0, ws=False),
@@ -329,7 +339,9 @@ def main() -> None:
     M, N, K, E = (shape[d] for d in ("M", "N", "K", "E"))
     routings = {"log-normal": GroupedGemm.routing_counts(shape, 0),
                 "uniform": uniform_counts(M, E, 2)}
-    if args.study in ("prefetch", "dynamic"):
+    if args.study == "branches":
+        routings = {}
+    if args.study in ("prefetch", "dynamic", "branches"):
         routings["balanced"] = [M // E] * E
     variants = STUDIES[args.study]
     fns, dense, notes = {}, {}, {}
@@ -344,7 +356,7 @@ def main() -> None:
                  for name, f in variants.items()}
         cands["shipped best"] = (lambda i=inputs: fam.launcher(
             i, shape, CONFIGS["256x128 s4 split2 table WS"]))
-        if prob == "balanced" and args.study == "dynamic":
+        if prob == "balanced" and args.study in ("dynamic", "branches"):
             cands["closed-form lookup s4 (diagnostic)"] = (
                 lambda i=inputs: closed_form(i, E, (256, 128, 64, 8, 4)))
         for name, make in cands.items():
