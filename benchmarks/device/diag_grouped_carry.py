@@ -15,7 +15,7 @@ shipped kernel builds it on the GPU): timed back to back with dense cuBLAS and w
 shipped kernel's best config on the same routing, as in ``diag_grouped_steady.py``.
 
     python3 benchmarks/device/diag_grouped_carry.py [--rounds 5] [--rep 100] \\
-        [--study carry|prefetch|dynamic|branches]
+        [--study carry|prefetch|dynamic|branches|branches2]
 
 ``--study dynamic`` asks whether persistent programs that take their tiles from an atomic
 counter and load each tile's table entry a tile ahead recover what the closed-form lookup
@@ -140,9 +140,26 @@ def _carry_kernel(a_desc, a_half, a_quarter, c1, c2, c3, w_desc, w_ptr, out_ptr,
             _prefetch_w(w_ptr, pfe, n0, N, K, BLOCK_N)
     G: tl.constexpr = BLOCK_M // 4
     # The constexpr leads each condition, so a box a config lacks is never compiled.
-    if BOXES < 0:  # full tiles only (right for balanced routing alone): no tail branches
+    if BOXES == -1:  # full tiles only (right for balanced routing alone): no tail branches
         _tile(m0, n0, expert, row_end, 0, a_desc, w_desc, a_desc, out_ptr, N, K,
               stride_om, BLOCK_M, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+    elif BOXES == -2:  # the same three tile heights, the full tile's branch first
+        if h == 0:
+            _tile(m0, n0, expert, row_end, 0, a_desc, w_desc, a_desc, out_ptr, N, K,
+                  stride_om, BLOCK_M, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+        elif h == 1:
+            _tile(m0, n0, expert, row_end, 0, a_half, w_desc, a_half, out_ptr, N, K,
+                  stride_om, 2 * G, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+        else:
+            _tile(m0, n0, expert, row_end, 0, a_quarter, w_desc, a_quarter, out_ptr, N, K,
+                  stride_om, G, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+    elif BOXES == -3:  # full and half tiles only (one tail branch; balanced routing alone)
+        if h == 0:
+            _tile(m0, n0, expert, row_end, 0, a_desc, w_desc, a_desc, out_ptr, N, K,
+                  stride_om, BLOCK_M, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
+        else:
+            _tile(m0, n0, expert, row_end, 0, a_half, w_desc, a_half, out_ptr, N, K,
+                  stride_om, 2 * G, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
     elif h == 2:
         _tile(m0, n0, expert, row_end, 0, a_quarter, w_desc, a_quarter, out_ptr, N, K,
               stride_om, G, BLOCK_N, BLOCK_K, 0, UPCAST, WS)
@@ -312,6 +329,11 @@ STUDIES = {
                  "table, full tiles only, WS": _carry(T4, -1),
                  "table, with tail branches": _carry(T4, 0, ws=False),
                  "table, with tail branches, WS": _carry(T4, 0)},
+    "branches2": {"table, full tiles only": _carry(T4, -1, ws=False),
+                  "table, tail branches (quarter, half, full)": _carry(T4, 0, ws=False),
+                  "table, tail branches (full, half, quarter)": _carry(T4, -2, ws=False),
+                  "table, one tail branch (full, half)": _carry(T4, -3, ws=False),
+                  "table, tail branches (full, half, quarter), WS": _carry(T4, -2)},
     "dynamic": {"dynamic persistent s4": _dynamic(T4),
                 "dynamic persistent s3": _dynamic((256, 128, 64, 8, 3)),
                 "one tile per program s4 (emulation of shipped)": _carry(T4, 0, ws=False),
@@ -339,9 +361,9 @@ def main() -> None:
     M, N, K, E = (shape[d] for d in ("M", "N", "K", "E"))
     routings = {"log-normal": GroupedGemm.routing_counts(shape, 0),
                 "uniform": uniform_counts(M, E, 2)}
-    if args.study == "branches":
+    if args.study.startswith("branches"):
         routings = {}
-    if args.study in ("prefetch", "dynamic", "branches"):
+    if args.study in ("prefetch", "dynamic", "branches", "branches2"):
         routings["balanced"] = [M // E] * E
     variants = STUDIES[args.study]
     fns, dense, notes = {}, {}, {}
@@ -356,7 +378,7 @@ def main() -> None:
                  for name, f in variants.items()}
         cands["shipped best"] = (lambda i=inputs: fam.launcher(
             i, shape, CONFIGS["256x128 s4 split2 table WS"]))
-        if prob == "balanced" and args.study in ("dynamic", "branches"):
+        if prob == "balanced" and args.study in ("dynamic", "branches", "branches2"):
             cands["closed-form lookup s4 (diagnostic)"] = (
                 lambda i=inputs: closed_form(i, E, (256, 128, 64, 8, 4)))
         for name, make in cands.items():
@@ -365,7 +387,8 @@ def main() -> None:
                 torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
                 fns[(prob, name)] = fn
                 k = getattr(fn, "compiled", None)
-                if k is not None and prob == "uniform":
+                if k is not None and prob == ("balanced" if args.study.startswith("branches")
+                                              else "uniform"):
                     print(f"{name}: regs {k.n_regs} spills {k.n_spills} shared "
                           f"{k.metadata.shared}, {serialized(k)}", flush=True)
             except Exception as exc:  # a variant that fails is reported, not fatal
