@@ -163,16 +163,6 @@ def _tile_map(
 
 
 @triton.jit
-def _is_full(expert, h, n0, N, BLOCK_N: tl.constexpr, TAIL_SPLIT: tl.constexpr):
-    """Whether the tile is a full BLOCK_M x BLOCK_N one: a real expert's, not one of
-    TAIL_SPLIT's half / quarter-height tails or its half-width last n-tile."""
-    full = (expert >= 0) & (h == 0)
-    if TAIL_SPLIT >= 1:
-        full = full & (N - n0 > BLOCK_N // 2)
-    return full
-
-
-@triton.jit
 def _prologue(
     offs_ptr, table_ptr, E, NB, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     PERSISTENT: tl.constexpr, BLOCK_TABLE: tl.constexpr,
@@ -277,23 +267,24 @@ def _gemm_tile_any(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
-    # The full tile's branch first: see _gemm_tile_tma_any.
-    if _is_full(expert, h, n0, N, BLOCK_N, TAIL_SPLIT):
-        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
-                   stride_am, stride_we, stride_wn, stride_om,
-                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
-    elif TAIL_SPLIT >= 2 and expert >= 0 and h == 2:
+    if expert < 0:
+        pass
+    elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 4, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
-    elif TAIL_SPLIT >= 1 and expert >= 0 and h == 1:
+    elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
-    elif TAIL_SPLIT >= 1 and expert >= 0:
+    elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M, BLOCK_N // 2, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
+    else:
+        _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
+                   stride_am, stride_we, stride_wn, stride_om,
+                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
 
 
 @triton.jit
@@ -425,24 +416,23 @@ def _gemm_tile_tma_any(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
-    # The full tile, the common case, takes the first branch: with the tails' branches
-    # ahead of it the full tiles ran 2.3 points of dense slower on an H200 although no
-    # tile took the others (balanced routing, 2026-11-24, session 13 call 13).
-    if _is_full(expert, h, n0, N, BLOCK_N, TAIL_SPLIT):
-        _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_desc, out_desc, out_ptr, N, K,
-                       stride_om, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, UPCAST, IEEE,
-                       WARP_SPEC_K)  # fmt: skip
-    elif TAIL_SPLIT >= 2 and expert >= 0 and h == 2:
+    if expert < 0:
+        pass
+    elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
-    elif TAIL_SPLIT >= 1 and expert >= 0 and h == 1:
+    elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
-    elif TAIL_SPLIT >= 1 and expert >= 0:
+    elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K)  # fmt: skip
+    else:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
 
 
