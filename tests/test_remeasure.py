@@ -136,7 +136,8 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
     """Two configs that take the same time (COMPILE_MS only slows the Faulty kernel's
     compile children, and there are none here): a first run that measured only
     COMPILE_MS=1 froze it; a re-run over both keeps it (re-measured beside the top
-    configs), where the footprint rule alone takes the first by config key (0)."""
+    configs), where without a pack the tie rules alone decide (equal footprints: the
+    lower same-round ratio, for two equal configs either one)."""
     events = tmp_path / "events"
     events.mkdir()
 
@@ -169,8 +170,10 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
         (again["winner_reason"], again["remeasured"])
     assert "current winner" in again["winner_reason"], again["winner_reason"]
     fresh = run("fresh", [0, 1], tmp_path / "fresh-packs")
-    assert fresh["params"]["COMPILE_MS"] == 0, fresh["winner_reason"]
-    assert "footprint" in fresh["winner_reason"]
+    # No pack, no incumbent: the tie rules (or, were one slower in every round, the
+    # medians) decide between the two.
+    assert fresh["params"]["COMPILE_MS"] in (0, 1), fresh["winner_reason"]
+    assert "current winner" not in fresh["winner_reason"]
 
 
 def test_candidates_measured_in_the_same_rounds_compare_round_by_round() -> None:
