@@ -15,9 +15,9 @@ best median, or within half the best's own spread of re-measurements, at most
 ``MAX_NOISE``), unless their same-round ratios say otherwise (slower than the best by more
 than ``CONSISTENT_GAP`` in every one of at least ``CONSISTENT_ROUNDS`` rounds: an order
 that the interleaved rounds keep every time is a measurement, not noise), the one that is
-more robust across neighbouring shapes wins: the one
-whose latency, relative to the best of each other study of the same kernel, dtype and
-hardware, is lowest on average where it was measured there. With no such evidence the
+more robust across neighbouring shapes wins: the one whose latency, relative to the best
+of each other study of the same kernel, dtype and hardware, is lowest on average where it
+was measured there. With no such evidence the
 pack's current winner for the shape (the incumbent, re-measured beside the top configs
 where the search found it within ``INCUMBENT_BAND`` of its best) stays if it is among
 them: a re-tune replaces a pack entry only for a config measurably faster, so packs do
@@ -188,10 +188,13 @@ def pick(cands: Sequence[Candidate],
         if kept:
             return kept[0], (f"{len(tied)} configs within noise; the pack's current "
                              "winner stays")
-        # Equal footprints: the same-round ratio to the best, the one measurement that
-        # has ordered them; the config key last, for a total order.
-        win = min(tied, key=lambda c: (footprint(c.config)[:3], relative(c, best)[0],
-                                       footprint(c.config)[3:]))
+        def order(c: Candidate) -> tuple:
+            # Equal footprints: the same-round ratio to the best, the one measurement
+            # that has ordered them; the config key last, for a total order.
+            *resources, key = footprint(c.config)
+            return (*resources, relative(c, best)[0], key)
+
+        win = min(tied, key=order)
         return win, (f"{len(tied)} configs within noise; no neighbouring shapes: the "
                      "smallest footprint (stages, warps, tile, then same-round ratio)")
     return best, "lowest median of the interleaved re-measurements"

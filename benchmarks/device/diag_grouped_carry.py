@@ -180,6 +180,15 @@ def _carry_kernel(a_desc, a_half, a_quarter, c1, c2, c3, w_desc, w_ptr, out_ptr,
               stride_om, BLOCK_M, BLOCK_N, BLOCK_K, G, UPCAST, WS)
 
 
+def _table(counts: list[int], bm: int, boxes: int, ahead: int | None,
+           device: torch.device) -> tuple[torch.Tensor, int]:
+    """``carry_table``'s rows as the kernels read them (one int32 row per column, back to
+    back) and the block count."""
+    rows = carry_table(counts, bm, boxes, ahead)
+    table = torch.tensor([list(col) for col in zip(*rows, strict=True)], dtype=torch.int32)
+    return table.reshape(-1).to(device), len(rows)
+
+
 def carry_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...], boxes: int,
                    ws: bool = True, ahead: int | None = None):
     """A no-argument callable running the carry kernel on ``inputs`` (routing ``counts``);
@@ -192,10 +201,7 @@ def carry_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...], boxes
     M, K = a.shape
     E, N, _ = w.shape
     assert N % bn == 0 and K % bk == 0
-    rows = carry_table(counts, bm, boxes, ahead)
-    nb = len(rows)
-    table = torch.tensor([list(col) for col in zip(*rows, strict=True)],
-                         dtype=torch.int32).reshape(-1).to(a.device)
+    table, nb = _table(counts, bm, boxes, ahead, a.device)
     out = torch.empty(M, N, dtype=a.dtype, device=a.device)
     g = bm // 4
     descs = [TensorDescriptor.from_tensor(a, [x, bk]) for x in (bm, bm // 2, g, g, g // 2,
@@ -269,10 +275,7 @@ def dynamic_launcher(inputs: dict, counts: list[int], tile: tuple[int, ...],
     M, K = a.shape
     E, N, _ = w.shape
     assert N % bn == 0 and K % bk == 0
-    rows = carry_table(counts, bm, 0)
-    nb = len(rows)
-    table = torch.tensor([list(col) for col in zip(*rows, strict=True)],
-                         dtype=torch.int32).reshape(-1).to(a.device)
+    table, nb = _table(counts, bm, 0, None, a.device)
     counter = torch.zeros(1, dtype=torch.int32, device=a.device)
     out = torch.empty(M, N, dtype=a.dtype, device=a.device)
     descs = [TensorDescriptor.from_tensor(a, [x, bk]) for x in (bm, bm // 2, bm // 4)]
@@ -320,9 +323,6 @@ STUDIES = {
                  "prefetch 1 expert ahead": _carry(T4, 0, 1),
                  "prefetch 2 experts ahead": _carry(T4, 0, 2),
                  "prefetch 4 experts ahead": _carry(T4, 0, 4)},
-    # Is the table's per-tile latency (each one-tile program loads its entry before its
-    # first TMA load) what the closed-form lookup is ahead by? Persistent programs that
-    # take tiles from an atomic counter and load the next tile's entry a tile ahead.
     # Balanced routing only: does the table kernel's full-tile path lose to the closed-form
     # lookup because of the tail branches compiled beside it (code size, registers)?
     "branches": {"table, full tiles only": _carry(T4, -1, ws=False),
@@ -334,6 +334,9 @@ STUDIES = {
                   "table, tail branches (full, half, quarter)": _carry(T4, -2, ws=False),
                   "table, one tail branch (full, half)": _carry(T4, -3, ws=False),
                   "table, tail branches (full, half, quarter), WS": _carry(T4, -2)},
+    # Is the table's per-tile latency (each one-tile program loads its entry before its
+    # first TMA load) what the closed-form lookup is ahead by? Persistent programs that
+    # take tiles from an atomic counter and load the next tile's entry a tile ahead.
     "dynamic": {"dynamic persistent s4": _dynamic(T4),
                 "dynamic persistent s3": _dynamic((256, 128, 64, 8, 3)),
                 "one tile per program s4 (emulation of shipped)": _carry(T4, 0, ws=False),
@@ -349,6 +352,7 @@ def main() -> None:
         paired_rounds,
         print_pairs,
         uniform_counts,
+        verify,
     )
 
     ap = argparse.ArgumentParser()
@@ -360,11 +364,10 @@ def main() -> None:
     fam = GroupedGemm()
     M, N, K, E = (shape[d] for d in ("M", "N", "K", "E"))
     routings = {"log-normal": GroupedGemm.routing_counts(shape, 0),
-                "uniform": uniform_counts(M, E, 2)}
-    if args.study.startswith("branches"):
-        routings = {}
-    if args.study in ("prefetch", "dynamic", "branches", "branches2"):
-        routings["balanced"] = [M // E] * E
+                "uniform": uniform_counts(M, E, 2), "balanced": [M // E] * E}
+    keep = {"carry": ("log-normal", "uniform"), "branches": ("balanced",),
+            "branches2": ("balanced",)}.get(args.study, tuple(routings))
+    routings = {k: v for k, v in routings.items() if k in keep}
     variants = STUDIES[args.study]
     fns, dense, notes = {}, {}, {}
     for prob, counts in routings.items():
@@ -378,21 +381,16 @@ def main() -> None:
                  for name, f in variants.items()}
         cands["shipped best"] = (lambda i=inputs: fam.launcher(
             i, shape, CONFIGS["256x128 s4 split2 table WS"]))
-        if prob == "balanced" and args.study in ("dynamic", "branches", "branches2"):
+        if prob == "balanced" and args.study != "prefetch":
             cands["closed-form lookup s4 (diagnostic)"] = (
                 lambda i=inputs: closed_form(i, E, (256, 128, 64, 8, 4)))
-        for name, make in cands.items():
-            try:
-                fn = make()
-                torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
-                fns[(prob, name)] = fn
-                k = getattr(fn, "compiled", None)
-                if k is not None and prob == ("balanced" if args.study.startswith("branches")
-                                              else "uniform"):
-                    print(f"{name}: regs {k.n_regs} spills {k.n_spills} shared "
-                          f"{k.metadata.shared}, {serialized(k)}", flush=True)
-            except Exception as exc:  # a variant that fails is reported, not fatal
-                notes[f"{prob} {name}"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        verify(cands, ref, prob, fns, notes)
+        for name in cands:
+            k = getattr(fns.get((prob, name)), "compiled", None)
+            if k is not None and prob == ("uniform" if "uniform" in routings else "balanced"):
+                print(f"{name}: regs {k.n_regs} spills {k.n_spills} shared "
+                      f"{k.metadata.shared}, {serialized(k)}", flush=True)
+            if f"{prob} {name}" in notes:
                 print("note:", prob, name, notes[f"{prob} {name}"], flush=True)
         dense[prob] = _dense_baseline(inputs, shape)
         del ref

@@ -91,6 +91,19 @@ def paired_rounds(
     return times, ratios, dense_ms
 
 
+def verify(cands: dict[str, Callable[[], Callable[[], object]]], ref: torch.Tensor, prob: str,
+           fns: dict, notes: dict[str, str]) -> None:
+    """Build each candidate and check its output against ``ref``: the ones that pass go
+    to ``fns[(prob, name)]``, a failure to ``notes`` (reported, not fatal)."""
+    for name, make in cands.items():
+        try:
+            fn = make()
+            torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
+            fns[(prob, name)] = fn
+        except Exception as exc:  # a config that fails is reported, not fatal
+            notes[f"{prob} {name}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def print_pairs(times: dict, ratios: dict, rounds: int, rep: int) -> None:
     """``paired_rounds``' results as a markdown table: median time and median ratio."""
     print(f"\n{torch.cuda.get_device_name()}, {rounds} rounds, rep {rep} ms\n")
@@ -124,13 +137,7 @@ def main() -> None:
         if prob == "balanced":
             cands["closed-form lookup 256x128 w8 s4 (diagnostic)"] = (
                 lambda i=inputs: closed_form(i, E, (256, 128, 64, 8, 4)))
-        for name, make in cands.items():
-            try:
-                fn = make()
-                torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
-                fns[(prob, name)] = fn
-            except Exception as exc:  # a config that fails is reported, not fatal
-                notes[f"{prob} {name}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        verify(cands, ref, prob, fns, notes)
         dense[prob] = _dense_baseline(inputs, SHAPE)
         del ref
     times, ratios, dense_ms = paired_rounds(fns, dense, args.rounds, args.rep)
