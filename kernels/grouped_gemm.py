@@ -64,7 +64,8 @@ def _expert_rows(offs_ptr, E, E_PAD: tl.constexpr):
 @triton.jit
 def _block_table_kernel(
     offs_ptr, table_ptr, E, NB,
-    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr, CHUNK: tl.constexpr,
+    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr,
+    TAIL_WINDOW: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
     its expert (-1 past the real blocks), first row, the expert's end row and its height
@@ -72,53 +73,72 @@ def _block_table_kernel(
     real block count at ``table[4 * NB]``. The GEMM kernel reads four numbers per tile
     instead of reducing over the experts.
 
-    An expert's rows become full BLOCK_M blocks, then its remainder r is covered by pieces
-    of BLOCK_M/2, BLOCK_M/4, ... (down to BLOCK_M >> TAIL_SPLIT rows): the set bits of
-    u = ceil(r / (BLOCK_M >> TAIL_SPLIT)), largest first; a remainder that needs every
-    piece is one full block instead. The padding is then under BLOCK_M >> TAIL_SPLIT
-    rows per expert."""
+    An expert's rows become full BLOCK_M blocks (class 0), then its remainder r is covered
+    by pieces of BLOCK_M/2, BLOCK_M/4, ... (classes 1, 2, ..., down to BLOCK_M >>
+    TAIL_SPLIT rows): the set bits of u = ceil(r / (BLOCK_M >> TAIL_SPLIT)), largest
+    first; a remainder that needs every piece is one full block instead. The padding is
+    then under BLOCK_M >> TAIL_SPLIT rows per expert.
+
+    Blocks run expert by expert, each expert's largest first; the last TAIL_WINDOW
+    experts' blocks run class by class instead (all their full blocks, then their halves,
+    ...), so that the grid ends on its smallest tiles: the SMs that finish the last full
+    tiles early pick up the small ones, instead of idling while others finish a full one.
+    The window is a few experts so that their weights, which the small tiles read again,
+    are still in L2."""
     e_idx, starts, ends = _expert_rows(offs_ptr, E, E_PAD)
     GRAIN: tl.constexpr = BLOCK_M >> TAIL_SPLIT
     full = (ends - starts) // BLOCK_M
     u = (ends - starts - full * BLOCK_M + GRAIN - 1) // GRAIN  # 0 .. 2**TAIL_SPLIT
     whole = u == (1 << TAIL_SPLIT)
-    pieces = tl.zeros_like(u)
-    for i in tl.static_range(TAIL_SPLIT):
-        pieces += (u >> i) & 1
-    nblk = full + tl.where(whole, 1, pieces)
-    cum = tl.cumsum(nblk, 0)
+    pieces = tl.where(whole, 0, u)  # bit TAIL_SPLIT - c: a piece of class c
+    n_full = full + whole.to(tl.int32)
+    nblk = n_full
+    for c in tl.static_range(1, TAIL_SPLIT + 1):
+        nblk += (pieces >> (TAIL_SPLIT - c)) & 1
+
+    in_win = e_idx >= E - TAIL_WINDOW
+    out_blk = tl.where(in_win, 0, nblk)
+    # Outside the window, expert e's blocks start after all earlier experts' (the window
+    # experts are the last ones, so they add nothing before any outside expert).
+    nxt = tl.cumsum(out_blk, 0) - out_blk
+    w_pos = tl.sum(out_blk, 0)  # where the window's next class starts
 
     b = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    # Empty experts add nothing to cum, so counting cum <= b skips them; past the real
-    # blocks every expert (the padding too) counts, so expert >= E marks them.
-    expert = tl.sum((cum[None, :] <= b[:, None]).to(tl.int32), 1)
-    sel = e_idx[None, :] == expert[:, None]
-    j = b - tl.sum(tl.where(sel, (cum - nblk)[None, :], 0), 1)  # block within its expert
-    row0 = tl.sum(tl.where(sel, starts[None, :], 0), 1)
-    row_end = tl.sum(tl.where(sel, ends[None, :], 0), 1)
-    full_b = tl.sum(tl.where(sel, full[None, :], 0), 1)
-    u_b = tl.sum(tl.where(sel, u[None, :], 0), 1)
-    # The remainder's piece number j - full_b: walk u's bits from the largest piece.
-    piece = j - full_b
+    # Each real block lies in exactly one (expert, class) segment: summing every
+    # segment's contribution picks that one's values.
+    found = tl.zeros_like(b)
+    expert = tl.zeros_like(b)
+    m0 = tl.zeros_like(b)
+    row_end = tl.zeros_like(b)
     h = tl.zeros_like(b)
-    off = tl.zeros_like(b)
-    seen = tl.zeros_like(b)
-    pos = tl.zeros_like(b)
-    for i in tl.static_range(TAIL_SPLIT):
-        # Bit TAIL_SPLIT-1-i of u: a piece of BLOCK_M >> (i + 1) rows, height class i + 1.
-        bit = (u_b >> (TAIL_SPLIT - 1 - i)) & 1
-        hit = (bit == 1) & (seen == piece)
-        h = tl.where(hit, i + 1, h)
-        off = tl.where(hit, pos, off)
-        pos += bit * (BLOCK_M >> (i + 1))
-        seen += bit
-    in_full = (piece < 0) | (u_b == (1 << TAIL_SPLIT))
-    m0 = row0 + tl.where(piece < 0, j * BLOCK_M, full_b * BLOCK_M + tl.where(in_full, 0, off))
+    off = tl.zeros_like(starts)  # a class's row offset within its expert's remainder
+    for c in tl.static_range(TAIL_SPLIT + 1):
+        if c == 0:
+            n_c = n_full
+        else:
+            n_c = (pieces >> (TAIL_SPLIT - c)) & 1
+        w_n = tl.where(in_win, n_c, 0)
+        seg = tl.where(in_win, w_pos + tl.cumsum(w_n, 0) - w_n, nxt)
+        j = b[:, None] - seg[None, :]  # the block's index within the segment
+        hit = (j >= 0) & (j < n_c[None, :])
+        if c == 0:
+            first = starts[None, :] + j * BLOCK_M
+        else:
+            first = (starts + full * BLOCK_M + off)[None, :]
+        found += tl.sum(hit.to(tl.int32), 1)
+        expert += tl.sum(tl.where(hit, e_idx[None, :], 0), 1)
+        m0 += tl.sum(tl.where(hit, first, 0), 1)
+        row_end += tl.sum(tl.where(hit, ends[None, :], 0), 1)
+        h += tl.sum(hit.to(tl.int32), 1) * c
+        nxt += n_c
+        w_pos += tl.sum(w_n, 0)
+        if c > 0:
+            off += n_c * (BLOCK_M >> c)
     live = b < NB
-    tl.store(table_ptr + b, tl.where(expert < E, expert, -1), mask=live)
+    tl.store(table_ptr + b, tl.where(found > 0, expert, -1), mask=live)
     tl.store(table_ptr + NB + b, m0, mask=live)
     tl.store(table_ptr + 2 * NB + b, row_end, mask=live)
-    tl.store(table_ptr + 3 * NB + b, tl.where(in_full, 0, h), mask=live)
+    tl.store(table_ptr + 3 * NB + b, h, mask=live)
     if tl.program_id(0) == 0:
         tl.store(table_ptr + 4 * NB, tl.sum(nblk, 0))
 
@@ -602,6 +622,7 @@ class GroupedGemm(Launches, Kernel):
         "WARP_SPEC": 0,
         "TAIL_SPLIT": 0,
         "BLOCK_TABLE": 0,
+        "TAIL_WINDOW": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -690,7 +711,8 @@ class GroupedGemm(Launches, Kernel):
             chunk = max(16, min(256, 4096 // e_pad))
             launches.append(Launch(
                 _block_table_kernel, (triton.cdiv(nb, chunk),), (offsets, table, E, nb),
-                {"E_PAD": e_pad, "BLOCK_M": bm, "TAIL_SPLIT": tail_split, "CHUNK": chunk,
+                {"E_PAD": e_pad, "BLOCK_M": bm, "TAIL_SPLIT": tail_split,
+                 "TAIL_WINDOW": int(cfg["TAIL_WINDOW"]), "CHUNK": chunk,
                  "num_warps": 4},
             ))  # fmt: skip
 
@@ -842,6 +864,12 @@ class GroupedGemm(Launches, Kernel):
                 return "TAIL_SPLIT=2 needs BLOCK_TABLE=1 (a tail of several pieces)"
             if flatten:
                 return "TAIL_SPLIT with FLATTEN=1: the flattened pipeline has one tile shape"
+        window = int(cfg["TAIL_WINDOW"])
+        if window < 0:
+            return f"TAIL_WINDOW={window}: must be >= 0"
+        # Only the table orders blocks, and only split tails give it smaller ones to order.
+        if window and not (split and int(cfg["BLOCK_TABLE"])):
+            return "TAIL_WINDOW > 0 needs BLOCK_TABLE=1 and TAIL_SPLIT >= 1"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

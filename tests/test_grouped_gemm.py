@@ -299,63 +299,78 @@ def test_tail_split_halves(use_tma: int, persistent: int, tma_store: int, n: int
     assert out.shape == (sum(counts), n)
 
 
-def _table_reference(counts: list[int], bm: int, split: int) -> list[tuple[int, int, int]]:
-    """(expert, first row, height) of every block the table should list, in order."""
-    grain, rows, out = bm >> split, 0, []
+def _table_reference(counts: list[int], bm: int, split: int,
+                     window: int = 0) -> list[tuple[int, int, int]]:
+    """(expert, first row, height) of every block the table should list, in order: expert
+    by expert, except the last ``window`` experts' blocks, which come after all others
+    ordered by height (tallest first), then by expert."""
+    grain, rows, out, last = bm >> split, 0, [], []
     for e, c in enumerate(counts):
         full, r = divmod(c, bm)
-        out += [(e, rows + i * bm, bm) for i in range(full)]
+        blocks = [(e, rows + i * bm, bm) for i in range(full)]
         u = -(-r // grain)
         if u == 1 << split:
-            out.append((e, rows + full * bm, bm))
+            blocks.append((e, rows + full * bm, bm))
         else:
             pos = rows + full * bm
             for k in reversed(range(split)):
                 if u >> k & 1:
-                    out.append((e, pos, grain << k))
+                    blocks.append((e, pos, grain << k))
                     pos += grain << k
+        (last if e >= len(counts) - window else out).extend(blocks)
         rows += c
-    return out
+    # sorted() is stable: within a height, expert order and row order stay.
+    return out + sorted(last, key=lambda blk: -blk[2])
 
 
-@pytest.mark.parametrize("split", [0, 1, 2])
-def test_block_table_contents(split: int) -> None:
+@pytest.mark.parametrize("split,window", [(0, 0), (1, 0), (2, 0), (1, 5), (2, 6), (2, 14),
+                                          (2, 40)])
+def test_block_table_contents(split: int, window: int) -> None:
     """The table kernel's blocks against a plain-Python decomposition: full blocks, then
     the remainder as halves/quarters (largest first), one full block when it needs all of
-    them; -1 past the real blocks and the real count after the four rows. Padding is
-    under one grain (BLOCK_M >> TAIL_SPLIT rows) per expert."""
+    them; the last ``window`` experts' blocks by height; -1 past the real blocks and the
+    real count after the four rows. Padding is under one grain (BLOCK_M >> TAIL_SPLIT
+    rows) per expert."""
     counts = [0, 1, 16, 17, 48, 49, 63, 64, 65, 0, 200, 128, 127, 0]
     bm = 64
     inputs = make_grouped_inputs(counts, 32, 32, "fp32", seed=1, device="cpu")
     config = {"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 32, "BLOCK_TABLE": 1,
-              "TAIL_SPLIT": split}
+              "TAIL_SPLIT": split, "TAIL_WINDOW": window}
     launches, _ = KERNEL._launches(inputs, config)
     launches[0]()
     table, nb = launches[0].args[1], launches[0].args[3]
-    want = _table_reference(counts, bm, split)
+    want = _table_reference(counts, bm, split, window)
     n = len(want)
     got = list(zip(table[:n].tolist(), table[nb:nb + n].tolist(),
                    [bm >> h for h in table[3 * nb:3 * nb + n].tolist()], strict=True))
     assert got == want
+    if window:
+        # The window reorders: the heights no longer run expert by expert.
+        assert want != _table_reference(counts, bm, split)
+    ends = grouped_gemm.counts_to_offsets(counts)[1:]
+    assert table[2 * nb:2 * nb + n].tolist() == [ends[e] for e, _, _ in want]
     assert (table[n:nb] == -1).all() and int(table[4 * nb]) == n
     rows = sum(h for _, _, h in want)
     assert rows - sum(counts) < (bm >> split) * sum(1 for c in counts if c)
 
 
-@pytest.mark.parametrize("use_tma,persistent,split", [(0, 0, 0), (0, 1, 1), (1, 0, 2),
-                                                       (1, 1, 0), (0, 0, 2), (1, 1, 2)])
+@pytest.mark.parametrize("use_tma,persistent,split,window", [
+    (0, 0, 0, 0), (0, 1, 1, 0), (1, 0, 2, 0), (1, 1, 0, 0), (0, 0, 2, 0), (1, 1, 2, 0),
+    (0, 0, 2, 3), (1, 0, 1, 7), (1, 1, 2, 2)])
 @pytest.mark.parametrize("group_m", [1, 4])
-def test_block_table(use_tma: int, persistent: int, split: int, group_m: int) -> None:
+def test_block_table(use_tma: int, persistent: int, split: int, window: int,
+                     group_m: int) -> None:
     """BLOCK_TABLE: the first launch writes each virtual block's expert, rows and height;
-    empty experts first, in the middle and last, tails off the grid. The table is
-    refilled by every call: new routing in the same offsets buffer, same launcher."""
+    empty experts first, in the middle and last, tails off the grid; TAIL_WINDOW's
+    reordered blocks. The table is refilled by every call: new routing in the same
+    offsets buffer, same launcher."""
     counts = [0, 1, 70, 0, 33, 129, 0]
     shape = _shape(counts, 96, 64)
     inputs = make_grouped_inputs(counts, 96, 64, "fp32", seed=group_m + 10 * use_tma,
                                  device="cpu")
     config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": group_m,
               "BLOCK_TABLE": 1, "PERSISTENT": persistent, "USE_TMA": use_tma,
-              "TAIL_SPLIT": split}
+              "TAIL_SPLIT": split, "TAIL_WINDOW": window}
     _check(inputs, shape, config, "fp32")
     fn = KERNEL.launcher(inputs, shape, config)
     moved = [17, 0, 100, 33, 0, 83, 0]  # same M, rows moved between experts
@@ -378,6 +393,13 @@ def test_tail_split_pruning() -> None:
     assert "below 16" in KERNEL.check_config({**quarters, "BLOCK_TABLE": 1, "BLOCK_M": 32},
                                              seed, H100)
     assert "0, 1" in KERNEL.check_config({**half, "TAIL_SPLIT": 3}, seed, H100)
+    window = {**quarters, "BLOCK_TABLE": 1, "TAIL_WINDOW": 8}
+    assert KERNEL.check_config(window, seed, H100) is None
+    assert "needs BLOCK_TABLE=1" in KERNEL.check_config({**window, "TAIL_SPLIT": 0}, seed,
+                                                        H100)
+    assert "needs BLOCK_TABLE=1" in KERNEL.check_config({**half, "TAIL_WINDOW": 8}, seed,
+                                                        H100)
+    assert ">= 0" in KERNEL.check_config({**window, "TAIL_WINDOW": -1}, seed, H100)
 
 
 def test_warp_spec_pruning() -> None:

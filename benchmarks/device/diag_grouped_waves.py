@@ -1,0 +1,110 @@
+"""Does the grouped GEMM lose time to a partly filled last wave, and does ending the grid
+on small tiles (TAIL_WINDOW) win it back?
+
+Study ``waves``: routings with every expert a multiple of 256 rows (no tails), so that a
+256x128 tile grid holds exactly 15, 15.25, 15.5, 15.75 or 16 waves of 132 tiles; the
+kernel's TFLOP/s at each, beside dense cuBLAS at the same M. A last wave that is only
+partly filled costs the kernel up to a tile's time where it is a quarter or half full.
+
+Study ``window``: TAIL_WINDOW 0 / 4 / 8 / 16 / 64 (the last experts' blocks by height,
+the small tail tiles last) on the log-normal, uniform and balanced routings, each variant
+timed right beside dense cuBLAS (``diag_grouped_steady``'s pairing).
+
+    python3 benchmarks/device/diag_grouped_waves.py [--study waves,window] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from benchmarks.device.diag_grouped_steady import (
+    S2,
+    SHAPE,
+    make_problems,
+    paired_rounds,
+    print_pairs,
+    uniform_counts,
+    verify,
+)
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline, make_grouped_inputs
+
+WS = {**S2, "WARP_SPEC": 1}
+WIDE = {**WS, "BLOCK_M": 128, "BLOCK_N": 256, "TAIL_SPLIT": 1}
+
+
+def wave_counts(blocks: int, E: int) -> list[int]:
+    """``blocks`` 256-row blocks over E experts, as evenly as they go."""
+    return [256 * (blocks // E + (e < blocks % E)) for e in range(E)]
+
+
+def waves(fam: GroupedGemm, rounds: int, rep: int) -> None:
+    N, K, E = (SHAPE[d] for d in ("N", "K", "E"))
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict = {}
+    for blocks in (180, 183, 186, 189, 192):
+        counts = wave_counts(blocks, E)
+        M = sum(counts)
+        prob = f"{blocks * 11 / 132:.2f} waves (M={M})"
+        shape = {**SHAPE, "M": M}
+        inputs = make_grouped_inputs(counts, N, K, "bf16", seed=blocks, device="cuda")
+        ref = fam.reference(inputs, shape)
+        verify({"256x128 s4 split2 table": lambda i=inputs, s=shape: fam.launcher(i, s, S2),
+                "256x128 s4 split2 table WS": lambda i=inputs, s=shape: fam.launcher(i, s, WS)},
+               ref, prob, fns, notes)
+        dense[prob] = _dense_baseline(inputs, shape)
+        del ref
+    times, ratios, dense_ms = paired_rounds(fns, dense, rounds, rep)
+    print_pairs(times, ratios, rounds, rep)
+    print("\n| problem | variant | TFLOP/s | dense TFLOP/s |\n|---|---|---|---|")
+    for (prob, name), xs in times.items():
+        M = int(prob.split("M=")[1].rstrip(")"))
+        flops = 2.0 * M * SHAPE["N"] * SHAPE["K"]
+        print(f"| {prob} | {name} | {flops / statistics.median(xs) / 1e9:.0f} | "
+              f"{flops / statistics.median(dense_ms[prob]) / 1e9:.0f} |")
+    for k, v in notes.items():
+        print("note:", k, v)
+
+
+def window(fam: GroupedGemm, rounds: int, rep: int) -> None:
+    M, N, K, E = (SHAPE[d] for d in ("M", "N", "K", "E"))
+    problems = make_problems(fam)
+    problems["uniform seed 3"] = make_grouped_inputs(uniform_counts(M, E, 3), N, K, "bf16",
+                                                     seed=3, device="cuda")
+    configs = {f"256x128 s4 split2 table window {w}": {**S2, "TAIL_WINDOW": w}
+               for w in (0, 4, 8, 16, 64)}
+    configs |= {f"256x128 s4 split2 table WS window {w}": {**WS, "TAIL_WINDOW": w}
+                for w in (0, 8, 16)}
+    configs |= {f"128x256 s4 split1 table WS window {w}": {**WIDE, "TAIL_WINDOW": w}
+                for w in (0, 8)}
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict = {}
+    for prob, inputs in problems.items():
+        ref = fam.reference(inputs, SHAPE)
+        verify({name: (lambda c=cfg, i=inputs: fam.launcher(i, SHAPE, c))
+                for name, cfg in configs.items()}, ref, prob, fns, notes)
+        dense[prob] = _dense_baseline(inputs, SHAPE)
+        del ref
+    times, ratios, _ = paired_rounds(fns, dense, rounds, rep)
+    print_pairs(times, ratios, rounds, rep)
+    for k, v in notes.items():
+        print("note:", k, v)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--study", default="waves,window")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rep", type=int, default=100)
+    args = ap.parse_args()
+    fam = GroupedGemm()
+    studies = {"waves": waves, "window": window}
+    for name in args.study.split(","):
+        print(f"\n## {name}\n", flush=True)
+        studies[name](fam, args.rounds, args.rep)
+
+
+if __name__ == "__main__":
+    main()
