@@ -6,6 +6,9 @@ Study ``waves``: routings with every expert a multiple of 256 rows (no tails), s
 kernel's TFLOP/s at each, beside dense cuBLAS at the same M. A last wave that is only
 partly filled costs the kernel up to a tile's time where it is a quarter or half full.
 
+Study ``window2``: window 0, 4 and 8 only, window 0 twice (the noise floor), tailed
+routings only.
+
 Study ``window``: TAIL_WINDOW 0 / 4 / 8 / 16 / 64 (the last experts' blocks by height,
 the small tail tiles last) on the log-normal, uniform and balanced routings, each variant
 timed right beside dense cuBLAS (``diag_grouped_steady``'s pairing).
@@ -67,17 +70,28 @@ def waves(fam: GroupedGemm, rounds: int, rep: int) -> None:
         print("note:", k, v)
 
 
-def window(fam: GroupedGemm, rounds: int, rep: int) -> None:
+def window(fam: GroupedGemm, rounds: int, rep: int, focused: bool = False) -> None:
     M, N, K, E = (SHAPE[d] for d in ("M", "N", "K", "E"))
     problems = make_problems(fam)
     problems["uniform seed 3"] = make_grouped_inputs(uniform_counts(M, E, 3), N, K, "bf16",
                                                      seed=3, device="cuda")
-    configs = {f"256x128 s4 split2 table window {w}": {**S2, "TAIL_WINDOW": w}
-               for w in (0, 4, 8, 16, 64)}
-    configs |= {f"256x128 s4 split2 table WS window {w}": {**WS, "TAIL_WINDOW": w}
-                for w in (0, 8, 16)}
-    configs |= {f"128x256 s4 split1 table WS window {w}": {**WIDE, "TAIL_WINDOW": w}
-                for w in (0, 8)}
+    if focused:
+        # The window against itself off, twice: the two window-0 rows' difference is the
+        # run's noise floor for the same kernel.
+        configs = {"256x128 s4 split2 table window 0": dict(S2),
+                   "256x128 s4 split2 table window 8": {**S2, "TAIL_WINDOW": 8},
+                   "256x128 s4 split2 table window 0 (again)": dict(S2),
+                   "256x128 s4 split2 table window 4": {**S2, "TAIL_WINDOW": 4},
+                   "256x128 s4 split2 table WS window 0": dict(WS),
+                   "256x128 s4 split2 table WS window 8": {**WS, "TAIL_WINDOW": 8}}
+        del problems["balanced"]
+    else:
+        configs = {f"256x128 s4 split2 table window {w}": {**S2, "TAIL_WINDOW": w}
+                   for w in (0, 4, 8, 16, 64)}
+        configs |= {f"256x128 s4 split2 table WS window {w}": {**WS, "TAIL_WINDOW": w}
+                    for w in (0, 8, 16)}
+        configs |= {f"128x256 s4 split1 table WS window {w}": {**WIDE, "TAIL_WINDOW": w}
+                    for w in (0, 8)}
     fns: dict = {}
     dense: dict = {}
     notes: dict = {}
@@ -100,7 +114,8 @@ def main() -> None:
     ap.add_argument("--rep", type=int, default=100)
     args = ap.parse_args()
     fam = GroupedGemm()
-    studies = {"waves": waves, "window": window}
+    studies = {"waves": waves, "window": window,
+               "window2": lambda f, r, p: window(f, r, p, focused=True)}
     for name in args.study.split(","):
         print(f"\n## {name}\n", flush=True)
         studies[name](fam, args.rounds, args.rep)
