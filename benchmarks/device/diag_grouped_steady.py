@@ -39,6 +39,8 @@ P2 = {**S2, "PERSISTENT": 1, "WARP_SPEC": 1}
 CONFIGS = {
     "256x128 s4 split2 table WS": {**S2, "WARP_SPEC": 1},
     "256x128 s4 split2 table": dict(S2),
+    "256x128 s4 split2 table window 8": {**S2, "TAIL_WINDOW": 8},
+    "256x128 s4 split2 table WS window 8": {**S2, "WARP_SPEC": 1, "TAIL_WINDOW": 8},
     "persistent 256x128 s4 split2 table WS": dict(P2),
     "persistent 256x128 s3 split2 table WS": {**P2, "num_stages": 3},
     "persistent 256x128 s4 table WS": {**P2, "TAIL_SPLIT": 0},
