@@ -32,7 +32,9 @@ def _entries(packs_dir: Path, hardware: str, kernel: Kernel, dtype: str
     except packfmt.PackError as exc:  # a broken pack seeds nothing; lookup reports it
         log.warning("warm start: %s", exc)
         return []
-    return [(kernel.parse_shape_key(k), e["config"])
+    # Packs frozen before a tunable was added lack its key: the kernel's default fills it
+    # in, as it does when the pack's config runs.
+    return [(kernel.parse_shape_key(k), {**kernel.default_config, **e["config"]})
             for k, e in packfmt.entries(data, kernel.name, dtype).items()]
 
 
@@ -69,8 +71,8 @@ def seeds_from_packs(packs_dir: str | Path, kernel: Kernel, dtype: str, hardware
 
 def incumbent(packs_dir: str | Path, kernel: Kernel, dtype: str, hardware: str,
               shape: Shape) -> dict[str, Any] | None:
-    """The config this hardware's pack holds now for exactly ``shape`` (full config, as
-    frozen), or None."""
+    """The config this hardware's pack holds now for exactly ``shape`` (full config, with
+    the kernel's defaults for keys it was frozen without), or None."""
     for other, config in _entries(Path(packs_dir), hardware, kernel, dtype):
         if kernel.shape_key(other) == kernel.shape_key(shape):
             return dict(config)

@@ -543,6 +543,14 @@ TMA_CONFIGS = [
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
      "TMA_STORE": 1},
+    # The last experts' blocks by height (the H200 pack's config, session 14), and with
+    # every expert in the window.
+    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
+     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
+     "TAIL_WINDOW": 8},
+    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 1, "BLOCK_TABLE": 1,
+     "TAIL_WINDOW": 64, "WARP_SPEC": 1},
 ]  # fmt: skip
 
 
