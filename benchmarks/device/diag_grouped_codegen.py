@@ -8,6 +8,7 @@ code a config compiles to, or its speed: session 12's first wide-tail kernel add
 tiles' included (10 points slower on routings where no tile took the new branch).
 
     python3 benchmarks/device/diag_grouped_codegen.py [--old /path/to/grouped_gemm.py]
+        [--match REGEX]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import subprocess
 import tempfile
 import traceback
@@ -55,7 +57,9 @@ def main() -> None:
     ap.add_argument("--old", default="")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--match", default="", help="only the configs whose name matches this regex")
     args = ap.parse_args()
+    configs = {n: c for n, c in CONFIGS.items() if re.search(args.match, n)}
     fams = {"new": GroupedGemm()}
     if args.old:
         spec = importlib.util.spec_from_file_location("old_grouped_gemm", args.old)
@@ -67,7 +71,7 @@ def main() -> None:
     for prob, inputs in problems.items():
         ref = fams["new"].reference(inputs, SHAPE)
         for which, fam in fams.items():
-            for name, cfg in CONFIGS.items():
+            for name, cfg in configs.items():
                 key = (prob, f"{which}: {name}")
                 try:
                     launches, _ = fam._launches(inputs, cfg)
