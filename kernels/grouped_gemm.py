@@ -278,7 +278,7 @@ def _gemm_tile_any(
     e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
-    HALF_N: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     """Tile ``tile`` of the pointer kernel. With TAIL_SPLIT, an expert's last rows run
     as tiles of BLOCK_M >> h rows (``_tile_map``'s h), and a last n-tile of at most
@@ -297,7 +297,7 @@ def _gemm_tile_any(
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
-    elif HALF_N and N - n0 <= BLOCK_N // 2:
+    elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile(m0, n0, expert, row_end, a_ptr, w_ptr, out_ptr, N, K,
                    stride_am, stride_we, stride_wn, stride_om,
                    BLOCK_M, BLOCK_N // 2, BLOCK_K, EVEN_K, UPCAST, IEEE)  # fmt: skip
@@ -331,7 +331,6 @@ def _grouped_gemm_kernel(
     PERSISTENT: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
-    HALF_N: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -350,7 +349,7 @@ def _grouped_gemm_kernel(
                 tile, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, HALF_N, EVEN_K,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
                 UPCAST, IEEE,
             )  # fmt: skip
     else:
@@ -360,7 +359,7 @@ def _grouped_gemm_kernel(
                 pid, a_ptr, w_ptr, out_ptr, N, K,
                 stride_am, stride_we, stride_wn, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, HALF_N, EVEN_K,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, EVEN_K,
                 UPCAST, IEEE,
             )  # fmt: skip
 
@@ -427,7 +426,7 @@ def _gemm_tile_tma_any(
     e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
-    HALF_N: tl.constexpr, TMA_STORE: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
 ):
     """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
@@ -447,7 +446,7 @@ def _gemm_tile_tma_any(
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
-    elif HALF_N and N - n0 <= BLOCK_N // 2:
+    elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K)  # fmt: skip
@@ -483,7 +482,6 @@ def _grouped_gemm_tma_kernel(
     FLATTEN: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
-    HALF_N: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
@@ -509,7 +507,7 @@ def _grouped_gemm_tma_kernel(
             _gemm_tile_tma_any(
                 tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, HALF_N, TMA_STORE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
                 False,
             )  # fmt: skip
@@ -518,7 +516,7 @@ def _grouped_gemm_tma_kernel(
             _gemm_tile_tma_any(
                 pid, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, HALF_N, TMA_STORE,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
                 WARP_SPEC,
             )  # fmt: skip
@@ -735,9 +733,6 @@ class GroupedGemm(Launches, Kernel):
             "PERSISTENT": persistent,
             "BLOCK_TABLE": block_table,
             "TAIL_SPLIT": tail_split,
-            # The half-width tile only where N's last n-tile is at most half full: a
-            # branch no tile takes still changes the code the full tile compiles to.
-            "HALF_N": bool(tail_split) and 0 < N % bn <= bn // 2,
             "UPCAST": interpreted and a.dtype != torch.float32,
             # fp32 inputs get true fp32 products, not TF32, so fp32 results stay fp32-exact.
             "IEEE": a.dtype == torch.float32,
