@@ -899,21 +899,31 @@ class Fleet:
     # -- connecting and discovering ---------------------------------------------------
     @staticmethod
     def connect() -> str:
-        """Join RAY_ADDRESS / the job's cluster if there is one, else start a local Ray."""
+        """Join RAY_ADDRESS / the job's cluster if there is one, or a Ray already running
+        on this machine (``ray start --head``: its GCS address is returned), else start a
+        Ray for this run only ("local")."""
         if ray.is_initialized():
             return "existing"
         if os.environ.get("RAY_ADDRESS"):
             ray.init(logging_level=logging.WARNING)
             return os.environ["RAY_ADDRESS"]
-        # Local: workers must import a user's kernel module from the working directory.
-        # Only the cwd and the caller's PYTHONPATH: the driver's whole sys.path would put
-        # the base interpreter's site-packages ahead of the venv's (crashing workers).
+        # Workers must import a user's kernel module from the working directory. Only the
+        # cwd and the caller's PYTHONPATH: the driver's whole sys.path would put the base
+        # interpreter's site-packages ahead of the venv's (crashing workers).
         path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
+        kw: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False,
+                              "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
+        try:
+            # Joined, as a bare ray.init() would, rather than a second Ray over the same
+            # GPUs; but it outlives this run, so it keeps workers and is not stopped.
+            ray.init(address="auto", **kw)
+            return ray.get_runtime_context().gcs_address
+        except ConnectionError:  # none running here
+            pass
         # Ray starts a Python worker per core up front; the harness needs one per GPU, and
         # on a 16-core box those imports slow the start and the compile children.
         os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
-        ray.init(logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+        ray.init(include_dashboard=False, **kw)
         return "local"
 
     def discover(self) -> dict[str, int]:
