@@ -914,12 +914,19 @@ class Fleet:
         kw: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False,
                               "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
         try:
-            # Joined, as a bare ray.init() would, rather than a second Ray over the same
-            # GPUs; but it outlives this run, so it keeps workers and is not stopped.
-            ray.init(address="auto", **kw)
-            return ray.get_runtime_context().gcs_address
-        except ConnectionError:  # none running here
-            pass
+            # The address the last `ray start` on this machine left: what a bare ray.init()
+            # joins (not address="auto", which joins any Ray here, another driver's own
+            # included). Ray's reader is private: where it moved, decide as before.
+            from ray._private.services import find_bootstrap_address
+
+            running = find_bootstrap_address(None)
+        except (ImportError, AttributeError):
+            running = None
+        if running:
+            # Joined rather than a second Ray over the same GPUs; it outlives this run, so
+            # it keeps workers and is not stopped.
+            ray.init(address=running, **kw)
+            return running
         # Ray starts a Python worker per core up front; the harness needs one per GPU, and
         # on a 16-core box those imports slow the start and the compile children.
         os.environ.setdefault("RAY_prestart_worker_first_driver", "0")

@@ -64,10 +64,13 @@ def _signal(pids: list[int], sig: int) -> None:
 @pytest.fixture(scope="module")
 def head() -> Iterator[SimpleNamespace]:
     # A short temp dir: Ray's unix sockets live under it and their paths must stay short.
-    temp_dir = tempfile.mkdtemp(prefix="kh-ray-", dir="/tmp")
+    # It is RAY_TMPDIR's "ray", Ray's default for the processes given this env: there
+    # `ray start` leaves the address a bare ray.init() joins.
+    base = tempfile.mkdtemp(prefix="kh-ray-", dir="/tmp")
+    temp_dir = os.path.join(base, "ray")
     gcs, dash, client, agent, metrics = _free_ports(5)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "RAY_AUTH_MODE": "token"}
+           "RAY_AUTH_MODE": "token", "RAY_TMPDIR": base}
     for var in ("RAY_ADDRESS", "TRITON_INTERPRET"):  # the workers decide for themselves
         env.pop(var, None)
     cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
@@ -86,7 +89,7 @@ def head() -> Iterator[SimpleNamespace]:
         while _ours(temp_dir) and time.monotonic() < deadline:
             time.sleep(0.5)
         _signal(_ours(temp_dir), signal.SIGKILL)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_jobs_api_requires_the_token(head) -> None:
@@ -151,8 +154,9 @@ def test_run_joins_the_head_through_ray_address_without_auth_mode(head, tmp_path
 def test_run_without_ray_address_joins_this_machines_ray_and_keeps_workers(
         head, tmp_path: Path) -> None:
     """With no RAY_ADDRESS, `kharness run` joins the Ray a user started on this machine
-    (as a bare ray.init() would) and treats it as what it is, a cluster that outlives the
-    run: fleet.keep_workers_s holds, and the next run leases the first run's worker."""
+    with `ray start` (as a bare ray.init() would) and treats it as what it is, a cluster
+    that outlives the run: fleet.keep_workers_s holds, and the next run leases the first
+    run's worker."""
     exp = {
         "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}], "dtypes": ["fp16"],
         "search": {"sampler": "grid", "trials": 1},
