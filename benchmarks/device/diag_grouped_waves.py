@@ -41,33 +41,42 @@ def wave_counts(blocks: int, E: int) -> list[int]:
     return [256 * (blocks // E + (e < blocks % E)) for e in range(E)]
 
 
-def waves(fam: GroupedGemm, rounds: int, rep: int) -> None:
-    N, K, E = (SHAPE[d] for d in ("N", "K", "E"))
+def pairs(fam: GroupedGemm, problems: dict[str, tuple[dict, dict]], configs: dict[str, dict],
+          rounds: int, rep: int) -> tuple[dict, dict, dict]:
+    """Every config checked on every problem (name -> (inputs, shape)), then timed beside
+    dense cuBLAS (``paired_rounds``); the table printed, failures as notes."""
     fns: dict = {}
     dense: dict = {}
     notes: dict = {}
-    for blocks in (180, 183, 186, 189, 192):
-        counts = wave_counts(blocks, E)
-        M = sum(counts)
-        prob = f"{blocks * 11 / 132:.2f} waves (M={M})"
-        shape = {**SHAPE, "M": M}
-        inputs = make_grouped_inputs(counts, N, K, "bf16", seed=blocks, device="cuda")
+    for prob, (inputs, shape) in problems.items():
         ref = fam.reference(inputs, shape)
-        verify({"256x128 s4 split2 table": lambda i=inputs, s=shape: fam.launcher(i, s, S2),
-                "256x128 s4 split2 table WS": lambda i=inputs, s=shape: fam.launcher(i, s, WS)},
-               ref, prob, fns, notes)
+        verify({name: (lambda c=cfg, i=inputs, s=shape: fam.launcher(i, s, c))
+                for name, cfg in configs.items()}, ref, prob, fns, notes)
         dense[prob] = _dense_baseline(inputs, shape)
         del ref
     times, ratios, dense_ms = paired_rounds(fns, dense, rounds, rep)
     print_pairs(times, ratios, rounds, rep)
-    print("\n| problem | variant | TFLOP/s | dense TFLOP/s |\n|---|---|---|---|")
-    for (prob, name), xs in times.items():
-        M = int(prob.split("M=")[1].rstrip(")"))
-        flops = 2.0 * M * SHAPE["N"] * SHAPE["K"]
-        print(f"| {prob} | {name} | {flops / statistics.median(xs) / 1e9:.0f} | "
-              f"{flops / statistics.median(dense_ms[prob]) / 1e9:.0f} |")
     for k, v in notes.items():
         print("note:", k, v)
+    return times, ratios, dense_ms
+
+
+def waves(fam: GroupedGemm, rounds: int, rep: int) -> None:
+    N, K, E = (SHAPE[d] for d in ("N", "K", "E"))
+    problems = {}
+    for blocks in (180, 183, 186, 189, 192):
+        counts = wave_counts(blocks, E)
+        shape = {**SHAPE, "M": sum(counts)}
+        problems[f"{blocks * 11 / 132:.2f} waves (M={shape['M']})"] = (
+            make_grouped_inputs(counts, N, K, "bf16", seed=blocks, device="cuda"), shape)
+    times, _, dense_ms = pairs(fam, problems, {"256x128 s4 split2 table": S2,
+                                               "256x128 s4 split2 table WS": WS},
+                               rounds, rep)
+    print("\n| problem | variant | TFLOP/s | dense TFLOP/s |\n|---|---|---|---|")
+    for (prob, name), xs in times.items():
+        flops = fam.flops(problems[prob][1])
+        print(f"| {prob} | {name} | {flops / statistics.median(xs) / 1e9:.0f} | "
+              f"{flops / statistics.median(dense_ms[prob]) / 1e9:.0f} |")
 
 
 def window(fam: GroupedGemm, rounds: int, rep: int, focused: bool = False) -> None:
@@ -92,19 +101,7 @@ def window(fam: GroupedGemm, rounds: int, rep: int, focused: bool = False) -> No
                     for w in (0, 8, 16)}
         configs |= {f"128x256 s4 split1 table WS window {w}": {**WIDE, "TAIL_WINDOW": w}
                     for w in (0, 8)}
-    fns: dict = {}
-    dense: dict = {}
-    notes: dict = {}
-    for prob, inputs in problems.items():
-        ref = fam.reference(inputs, SHAPE)
-        verify({name: (lambda c=cfg, i=inputs: fam.launcher(i, SHAPE, c))
-                for name, cfg in configs.items()}, ref, prob, fns, notes)
-        dense[prob] = _dense_baseline(inputs, SHAPE)
-        del ref
-    times, ratios, _ = paired_rounds(fns, dense, rounds, rep)
-    print_pairs(times, ratios, rounds, rep)
-    for k, v in notes.items():
-        print("note:", k, v)
+    pairs(fam, {p: (i, SHAPE) for p, i in problems.items()}, configs, rounds, rep)
 
 
 def main() -> None:
