@@ -1,0 +1,92 @@
+"""How close to dense cuBLAS can any grouped GEMM of the MoE shape get? cuBLAS's own
+batched GEMM on the tail-free problem, beside dense cuBLAS.
+
+The balanced routing (768 rows per expert, E=64, K=2048, N=1408, bf16) is the grouped
+problem with no tails at all: it is exactly a batched GEMM, [64, 768, 2048] x
+[64, 2048, 1408], which ``torch.bmm`` hands to cuBLAS's strided-batched kernels. Timed
+beside dense cuBLAS (one [49152, 2048] x [2048, 1408] GEMM, the same FLOPs), it gives
+what the vendor library reaches once the 64 experts' weights must be read instead of one.
+The same bmm with one weight shared by every batch (stride 0) separates the weights'
+bytes from the batching. The harness's kernel (this GPU's pack) and torch._grouped_mm run
+on the same problem and on the two realistic routings (log-normal, uniform), for
+reference. Each variant is timed right before dense cuBLAS, median of adjacent-pair ratios
+(``diag_grouped_steady``'s pairing); every output is checked against an fp32 reference
+first.
+
+    python3 benchmarks/device/diag_grouped_bound.py [--rounds 7] [--rep 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from benchmarks.device.diag_grouped_steady import (
+    SHAPE,
+    make_problems,
+    paired_rounds,
+    print_pairs,
+    verify,
+)
+from harness import packs
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline, _grouped_mm_baseline
+
+
+def bmm(inputs: dict, shared: bool) -> tuple[object, torch.Tensor]:
+    """cuBLAS batched GEMM on a balanced problem (every expert the same row count): the
+    runner and its fp32 reference. ``shared``: expert 0's weight for every batch, as a
+    stride-0 batch dimension."""
+    a, w = inputs["a"], inputs["w"]
+    E, N, K = w.shape
+    a3 = a.view(E, a.shape[0] // E, K)
+    b = (w[:1].expand(E, N, K) if shared else w).transpose(1, 2)
+    out = torch.empty(E, a3.shape[1], N, dtype=a.dtype, device=a.device)
+    ref = torch.bmm(a3.float(), b.float()).view(-1, N)
+    return (lambda: torch.bmm(a3, b, out=out).view(-1, N)), ref
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rep", type=int, default=200)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    fam = GroupedGemm()
+    hit = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
+    pack = dict(hit.config)
+    problems = make_problems(fam)
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict = {}
+    for prob, inputs in problems.items():
+        ref = fam.reference(inputs, SHAPE)
+        verify({f"pack ({hit.source})": lambda i=inputs: fam.launcher(i, SHAPE, pack),
+                "torch._grouped_mm": lambda i=inputs: _grouped_mm_baseline(i, SHAPE)},
+               ref, prob, fns, notes)
+        del ref
+        if prob == "balanced":
+            for name, shared in (("cuBLAS bmm (64 weights)", False),
+                                 ("cuBLAS bmm (one weight, stride 0)", True)):
+                fn, bref = bmm(inputs, shared)
+                verify({name: lambda f=fn: f}, bref, prob, fns, notes)
+                del bref
+        dense[prob] = _dense_baseline(inputs, SHAPE)
+    times, ratios, dense_ms = paired_rounds(fns, dense, args.rounds, args.rep)
+    print_pairs(times, ratios, args.rounds, args.rep)
+    print(f"\npack config: {pack}")
+    for prob, xs in dense_ms.items():
+        print(f"dense cuBLAS beside {prob}: median {sorted(xs)[len(xs) // 2]:.4f} ms")
+    for k, v in notes.items():
+        print("note:", k, v)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"times": {f"{p} | {n}": v for (p, n), v in times.items()},
+                       "ratios": {f"{p} | {n}": v for (p, n), v in ratios.items()},
+                       "dense": dense_ms, "notes": notes, "pack": pack,
+                       "device": torch.cuda.get_device_name()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
