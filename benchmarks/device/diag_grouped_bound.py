@@ -13,7 +13,12 @@ reference. Each variant is timed right before dense cuBLAS, median of adjacent-p
 (``diag_grouped_steady``'s pairing); every output is checked against an fp32 reference
 first.
 
-    python3 benchmarks/device/diag_grouped_bound.py [--rounds 7] [--rep 200]
+Study ``rows``: every expert the same r rows, r from 704 to 832 (M = 64 r), so that cuBLAS's
+batched GEMM runs problems with tails too (r not a multiple of its tile): what tails cost
+the vendor's kernel, beside what they cost the harness's (this GPU's pack) and
+torch._grouped_mm; dense cuBLAS at each M.
+
+    python3 benchmarks/device/diag_grouped_bound.py [--study bound,rows] [--rounds 7] [--rep 200]
 """
 
 from __future__ import annotations
@@ -31,7 +36,14 @@ from benchmarks.device.diag_grouped_steady import (
     verify,
 )
 from harness import packs
-from kernels.grouped_gemm import GroupedGemm, _dense_baseline, _grouped_mm_baseline
+from kernels.grouped_gemm import (
+    GroupedGemm,
+    _dense_baseline,
+    _grouped_mm_baseline,
+    make_grouped_inputs,
+)
+
+ROWS = (704, 736, 760, 768, 776, 800, 832)
 
 
 def bmm(inputs: dict, shared: bool) -> tuple[object, torch.Tensor]:
@@ -47,8 +59,35 @@ def bmm(inputs: dict, shared: bool) -> tuple[object, torch.Tensor]:
     return (lambda: torch.bmm(a3, b, out=out).view(-1, N)), ref
 
 
+def study_rows(fam: GroupedGemm, pack: dict, rounds: int, rep: int) -> None:
+    """Every expert r rows, for each r in ROWS: bmm, the pack and torch._grouped_mm beside
+    dense cuBLAS of the same M."""
+    N, K, E = SHAPE["N"], SHAPE["K"], SHAPE["E"]
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict = {}
+    for r in ROWS:
+        prob = f"{r} rows x {E}"
+        shape = {**SHAPE, "M": r * E}
+        inputs = make_grouped_inputs([r] * E, N, K, "bf16", seed=r, device="cuda")
+        ref = fam.reference(inputs, shape)
+        verify({"pack": lambda i=inputs, s=shape: fam.launcher(i, s, pack),
+                "torch._grouped_mm": lambda i=inputs, s=shape: _grouped_mm_baseline(i, s)},
+               ref, prob, fns, notes)
+        del ref
+        fn, bref = bmm(inputs, False)
+        verify({"cuBLAS bmm": lambda f=fn: f}, bref, prob, fns, notes)
+        del bref
+        dense[prob] = _dense_baseline(inputs, shape)
+    times, ratios, _ = paired_rounds(fns, dense, rounds, rep)
+    print_pairs(times, ratios, rounds, rep)
+    for k, v in notes.items():
+        print("note:", k, v)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--study", default="bound")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--json", default="")
@@ -56,6 +95,12 @@ def main() -> None:
     fam = GroupedGemm()
     hit = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
     pack = dict(hit.config)
+    studies = args.study.split(",")
+    if "rows" in studies:
+        print(f"pack config: {pack}")
+        study_rows(fam, pack, args.rounds, args.rep)
+    if "bound" not in studies:
+        return
     problems = make_problems(fam)
     fns: dict = {}
     dense: dict = {}
