@@ -491,6 +491,7 @@ class Worker:
             "sm_count": self.spec.sm_count,
             "smem_per_block": self.spec.smem_per_block,
             "has_tma": self.spec.has_tma,
+            "has_wgmma": self.spec.has_wgmma,
             "interpreted": self.spec.interpreted,
             "precompile": self.pre is not None,
             "compile_workers": self.pre.processes if self.pre is not None else 0,

@@ -81,14 +81,17 @@ def current_device(index: int | None = None) -> DeviceSpec:
         l2_bytes=int(getattr(props, "L2_cache_size", 0)),
         has_tma=has_tma,
         interpreted=interpreted(),
+        has_wgmma=vendor == "nvidia" and props.major == 9,
     )
 
 
 def spec_for_key(key: str) -> DeviceSpec:
     """A static spec for a hardware key the driver has no device for (pruning only)."""
     table = {
-        "H100": DeviceSpec("H100", "nvidia", "NVIDIA H100", 132, 227 * 1024, 50 << 20, True),
-        "H200": DeviceSpec("H200", "nvidia", "NVIDIA H200", 132, 227 * 1024, 60 << 20, True),
+        "H100": DeviceSpec("H100", "nvidia", "NVIDIA H100", 132, 227 * 1024, 50 << 20, True,
+                           has_wgmma=True),
+        "H200": DeviceSpec("H200", "nvidia", "NVIDIA H200", 132, 227 * 1024, 60 << 20, True,
+                           has_wgmma=True),
         "A100": DeviceSpec("A100", "nvidia", "NVIDIA A100", 108, 163 * 1024, 40 << 20, False),
         "V710": DeviceSpec("V710", "amd", "AMD Radeon PRO V710", 54, 64 * 1024, 4 << 20, False),
         "cpu": DeviceSpec("cpu", "cpu", "cpu", 4, 1 << 30, 0, False, True),

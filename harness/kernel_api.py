@@ -58,6 +58,7 @@ class DeviceSpec:
     l2_bytes: int = 0
     has_tma: bool = False
     interpreted: bool = False  # Triton runs under TRITON_INTERPRET=1
+    has_wgmma: bool = False  # Hopper's warpgroup MMA (sm_90 only: Blackwell has tcgen05)
 
 
 class Kernel(ABC):

@@ -115,7 +115,8 @@ def _device_from_info(info: dict[str, Any]) -> DeviceSpec:
     return DeviceSpec(key=key, vendor=info["vendor"],
                       name=info["device_name"], sm_count=info["sm_count"],
                       smem_per_block=info["smem_per_block"], has_tma=info["has_tma"],
-                      interpreted=info["interpreted"])
+                      interpreted=info["interpreted"],
+                      has_wgmma=bool(info.get("has_wgmma", False)))
 
 
 def _state_file(exp: experiment.Experiment) -> Path:

@@ -10,6 +10,8 @@ their prefix sum, and maps its virtual m-block to (expert, local block) from tha
 BLOCK_TABLE a first, small launch does that mapping once for every m-block and writes it
 to a table the GEMM reads (and may split each expert's last rows into half and quarter
 tiles, TAIL_SPLIT); the launch count stays fixed, so CUDA graphs capture it as well.
+GLUON=1 runs the table's tiles with the persistent Gluon kernel of
+``kernels/_grouped_gemm_gluon.py`` instead (Hopper only).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:
+    from kernels import _grouped_gemm_gluon as _gluon
+except (ImportError, AttributeError) as _exc:  # a Triton without Gluon's Hopper API
+    _gluon = None
+    _GLUON_MISSING = f"{type(_exc).__name__}: {_exc}"
 
 from harness.kernel_api import (
     Config,
@@ -625,6 +633,7 @@ class GroupedGemm(Launches, Kernel):
         "TAIL_SPLIT": 0,
         "BLOCK_TABLE": 0,
         "TAIL_WINDOW": 0,
+        "GLUON": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -740,6 +749,9 @@ class GroupedGemm(Launches, Kernel):
             "IEEE": a.dtype == torch.float32,
             **launch_kw,
         }
+        if int(cfg["GLUON"]):
+            launches.append(self._gluon_launch(a, w, out, table, nb, num_progs, cfg))
+            return launches, out
         if int(cfg.get("USE_TMA", 0)):
             self._check_tma_layout(a, w)
             # The descriptors are built once, here, not per launch.
@@ -772,6 +784,64 @@ class GroupedGemm(Launches, Kernel):
         meta = {**common, "EVEN_K": K % bk == 0}
         launches.append(Launch(_grouped_gemm_kernel, grid, args, meta))
         return launches, out
+
+    def _gluon_launch(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+                      table: torch.Tensor, nb: int, num_progs: int, cfg: Config) -> Launch:
+        """GLUON=1's GEMM launch: the persistent Gluon kernel over the block table, one
+        program per SM (the table's launch comes first)."""
+        if _gluon is None:
+            raise RuntimeError(f"GLUON=1: this Triton has no Gluon Hopper API ({_GLUON_MISSING})")
+        if a.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"grouped_gemm GLUON=1 takes bf16 or fp16, not {a.dtype}")
+        self._check_tma_layout(a, w)
+        M, K = a.shape
+        E, N, _ = w.shape
+        bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+        # The three A boxes share the full box's layout: a shorter box fills a prefix of
+        # the same ring buffer.
+        a_layout = _gluon.shared_layout([bm, bk], a.dtype)
+        desc = _gluon.TensorDescriptor.from_tensor
+        # A descriptor's shape must be positive: an empty A (M = 0) still gets one, of a
+        # row that no tile reads.
+        a_rows = a if M else torch.empty(1, K, dtype=a.dtype, device=a.device)
+        out_rows = out if M else torch.empty(1, N, dtype=a.dtype, device=a.device)
+        args = (
+            desc(a_rows, [bm, bk], a_layout),
+            desc(a_rows, [bm // 2, bk], a_layout),
+            desc(a_rows, [max(bm // 4, 1), bk], a_layout),
+            desc(w.view(E * N, K), [bn, bk], _gluon.shared_layout([bn, bk], a.dtype)),
+            desc(out_rows, [bm, bn], _gluon.shared_layout([bm, bn], a.dtype)),
+            out, table, N, K, nb, out.stride(0),
+        )
+        meta = {
+            "BM": bm, "BN": bn, "BK": bk, "STAGES": int(cfg["num_stages"]),
+            "GROUP_M": int(cfg["GROUP_M"]), "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]),
+            "TMA_STORE": bool(int(cfg["TMA_STORE"])), "num_warps": int(cfg["num_warps"]),
+        }
+        return Launch(_gluon.grouped_gemm_gluon_kernel, (num_progs,), args, meta)
+
+    @staticmethod
+    def _check_gluon(cfg: Config, device: DeviceSpec) -> str | None:
+        """GLUON=1's own limits: Hopper's wgmma, and the one shape of kernel it is (the
+        table's tiles, TMA loads, persistent; its cross-tile pipeline is its own, so
+        FLATTEN and WARP_SPEC would repeat a config)."""
+        if _gluon is None:
+            return f"GLUON=1: Triton {triton.__version__} has no Gluon Hopper API"
+        if not device.has_wgmma or device.interpreted:
+            return f"GLUON=1: needs Hopper's wgmma (sm_90), not {device.key}"
+        needs = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "FLATTEN": 0, "WARP_SPEC": 0}
+        wrong = [f"{k}={v}" for k, v in needs.items() if int(cfg[k]) != v]
+        if wrong:
+            return f"GLUON=1 needs {', '.join(wrong)}"
+        bm, split = int(cfg["BLOCK_M"]), int(cfg["TAIL_SPLIT"])
+        # A warp group's wgmma covers 64 rows at least: the smallest tile too.
+        if bm >> split < 64:
+            return f"GLUON=1: BLOCK_M={bm} >> TAIL_SPLIT={split} is below wgmma's 64 rows"
+        if int(cfg["num_warps"]) not in (4, 8):
+            return f"GLUON=1: num_warps={cfg['num_warps']}: one or two warp groups"
+        if int(cfg["num_stages"]) < 2:
+            return "GLUON=1: the ring needs num_stages >= 2"
+        return None
 
     @staticmethod
     def _check_tma_layout(a: torch.Tensor, w: torch.Tensor) -> None:
@@ -854,6 +924,10 @@ class GroupedGemm(Launches, Kernel):
             if device.vendor != "nvidia" and not device.interpreted:
                 return f"WARP_SPEC=1: Triton warp-specializes on NVIDIA GPUs only, not {device.key}"
         split = int(cfg["TAIL_SPLIT"])
+        if int(cfg["GLUON"]):
+            why = self._check_gluon(cfg, device)
+            if why:
+                return why
         if split:
             # The smaller tiles are still tl.dot tiles (>= 16 a side); a flattened loop is
             # one software pipeline of one tile shape.

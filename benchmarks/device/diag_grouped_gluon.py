@@ -1,0 +1,51 @@
+"""The Gluon engine (GLUON=1: persistent, a TMA ring pipelined across tiles) against the
+Triton kernel of this GPU's pack, each timed right beside dense cuBLAS
+(``diag_grouped_steady``'s pairing, median of adjacent-pair ratios), on the log-normal,
+balanced and uniform routings at the MoE shape; every output checked first.
+
+    python3 benchmarks/device/diag_grouped_gluon.py [--rounds 5] [--rep 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.device.diag_grouped_steady import SHAPE, make_problems
+from benchmarks.device.diag_grouped_waves import pairs
+from harness import packs
+from kernels.grouped_gemm import GroupedGemm
+
+G = {"GLUON": 1, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "BLOCK_K": 64,
+     "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 1,
+     "TAIL_SPLIT": 2, "TMA_STORE": 1}
+CONFIGS = {
+    "gluon 256x128 s3 split2 tma-store": dict(G),
+    "gluon 256x128 s4 split2": {**G, "num_stages": 4, "TMA_STORE": 0},
+    "gluon 256x128 s4 split2 window4": {**G, "num_stages": 4, "TMA_STORE": 0, "TAIL_WINDOW": 4},
+    "gluon 256x128 s3 split2 tma-store G8": {**G, "GROUP_M": 8},
+    "gluon 256x128 s3 no split tma-store": {**G, "TAIL_SPLIT": 0},
+    "gluon 128x256 s3 split1 tma-store": {**G, "BLOCK_M": 128, "BLOCK_N": 256,
+                                          "TAIL_SPLIT": 1},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--only", default="", help="comma-separated config names to keep")
+    args = ap.parse_args()
+    fam = GroupedGemm()
+    configs = {"pack (Triton)": dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config),
+               **CONFIGS}
+    if args.only:
+        keep = set(args.only.split(","))
+        configs = {k: v for k, v in configs.items() if k in keep or k == "pack (Triton)"}
+    problems = {name: (inputs, SHAPE) for name, inputs in make_problems(fam).items()}
+    pairs(fam, problems, configs, args.rounds, args.rep)
+    for name, cfg in configs.items():
+        print(f"{name}: {cfg}")
+
+
+if __name__ == "__main__":
+    main()

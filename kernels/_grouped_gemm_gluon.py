@@ -1,0 +1,216 @@
+"""The grouped GEMM as a persistent Gluon kernel for Hopper (``ENGINE=gluon``).
+
+Triton's compiler decides the pipeline of the Triton kernels; here it is written out, so
+that what Triton cannot express here is possible: one program per SM walks its tiles
+(the block table's m-blocks x n-tiles, stride = the grid) with a single ring of
+``STAGES`` shared-memory buffers whose TMA loads run ahead *across* tile boundaries, so
+the next tile's first loads are in flight while this tile's last wgmma runs and its
+epilogue stores. Tails (the table's half / quarter-height blocks, ``TAIL_SPLIT``) load a
+shorter A box into the same buffers and run a smaller wgmma; a whole tile that lies
+inside its expert leaves through a TMA store that overlaps the next tile.
+
+Gluon needs no interpreter support and no pre-Hopper path: the family prunes this engine
+wherever wgmma is missing (``GroupedGemm.check_config``), and its tests compile it for
+sm_90 without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+__all__ = ["TensorDescriptor", "grouped_gemm_gluon_kernel", "shared_layout"]
+
+# Triton 3.7 renamed the TMA copies (the old names raise from 3.9 on); 3.6 has only the
+# old ones.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+def shared_layout(block: list[int], dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """The swizzled shared layout TMA writes and wgmma reads, for a box of one shape and
+    torch dtype (bf16 or fp16)."""
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(block, gdt)
+
+
+@gluon.constexpr_function
+def _mma_layout(BM, BN, num_warps):
+    """wgmma's accumulator layout for a BM x BN tile: warps stacked along M while each
+    still gets 16 rows, then along N; the widest instruction N that fits."""
+    warps = [4, 1]
+    while warps[0] * warps[1] != num_warps:
+        if BM > 16 * warps[0]:
+            warps[0] *= 2
+        else:
+            warps[1] *= 2
+    m_reps = (BM + 15) // 16
+    n_reps = (num_warps + m_reps - 1) // m_reps
+    max_n = max(BN // n_reps, 8)
+    n = 256
+    while n > max_n or BN % n:
+        n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=warps, instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _tile_info(tile, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """(expert, first row, the expert's end row, n-tile, height class) of ``tile``: the
+    Triton kernels' grouped order over the block table's m-blocks. The m-block is kept
+    inside the table, so a predicated-off look-ahead past the last tile reads nothing
+    out of bounds."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile // in_group) * GROUP_M
+    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    size_m = gl.maximum(size_m, 1)
+    pid_m = first_m + (tile % in_group) % size_m
+    pid_n = (tile % in_group) // size_m
+    pid_m = gl.minimum(gl.maximum(pid_m, 0), NB - 1)
+    expert = gl.load(table_ptr + pid_m)
+    m0 = gl.load(table_ptr + NB + pid_m)
+    row_end = gl.load(table_ptr + 2 * NB + pid_m)
+    h = gl.load(table_ptr + 3 * NB + pid_m)
+    return expert, m0, row_end, pid_n, h
+
+
+@gluon.jit
+def _issue_load(p, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n, table_ptr, NB, N,
+                a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr):
+    """The TMA loads of this program's ``p``-th K step (any of its tiles) into ring slot
+    p % STAGES, predicated off past its last step; returns p + 1."""
+    pred = p < total_iters
+    expert, m0, row_end, pid_n, h = _tile_info(pid + (p // k_tiles) * P, table_ptr, NB,
+                                               num_pid_m, num_pid_n, GROUP_M)
+    k = (p % k_tiles) * BK
+    s = p % STAGES
+    bar = bars.index(s)
+    a_buf = a_bufs.index(s)
+    if TAIL_SPLIT >= 2 and h == 2:
+        mbarrier.expect(bar, a_quarter.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+        _tma_load(a_quarter, [m0, k], bar, a_buf.slice(0, BM // 4), pred)
+    elif TAIL_SPLIT >= 1 and h == 1:
+        mbarrier.expect(bar, a_half.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+        _tma_load(a_half, [m0, k], bar, a_buf.slice(0, BM // 2), pred)
+    else:
+        mbarrier.expect(bar, a_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+        _tma_load(a_desc, [m0, k], bar, a_buf, pred)
+    _tma_load(w_desc, [expert * N + pid_n * BN, k], bar, w_bufs.index(s),
+                                    pred)
+    return p + 1
+
+
+@gluon.jit
+def _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n,
+          table_ptr, NB, N, stride_om, out_ptr, out_desc, c_smem,
+          a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+          BM_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+          STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr,
+          TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
+    """One BM_T x BN output tile: its K steps from the ring (each step's wgmma left in
+    flight while the step STAGES - 1 ahead is loaded into the slot the previous wgmma
+    has just released), then its store. Returns the ring's consumer and producer
+    counts."""
+    layout: gl.constexpr = _mma_layout(BM_T, BN, num_warps)
+    acc = gl.zeros([BM_T, BN], gl.float32, layout)
+    for _ in range(k_tiles):
+        s = c % STAGES
+        mbarrier.wait(bars.index(s), (c // STAGES) & 1)
+        a = a_bufs.index(s)
+        if BM_T < BM:
+            a = a.slice(0, BM_T)
+        acc = warpgroup_mma(a, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(acc,))
+        p = _issue_load(p, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n, table_ptr, NB,
+                        N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                        BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)
+        c += 1
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    out = acc.to(out_ptr.dtype.element_ty)
+    if TMA_STORE and BM_T == BM and m0 + BM <= row_end:
+        # The previous tile's store may still be reading the staging buffer.
+        tma.store_wait(0)
+        c_smem.store(out)
+        fence_async_shared()
+        _tma_store(out_desc, [m0, n0], c_smem)
+    else:
+        # A box past the expert's end would write the next expert's rows.
+        rows = m0 + gl.arange(0, BM_T, layout=gl.SliceLayout(1, layout))
+        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+        ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
+        gl.store(ptrs, out, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
+    return c, p
+
+
+@gluon.jit
+def grouped_gemm_gluon_kernel(
+    a_desc, a_half, a_quarter, w_desc, out_desc, out_ptr, table_ptr, N, K, NB, stride_om,
+    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
+    module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
+    BM/2, BM/4 rows; ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc``: out
+    [M, N] in [BM, BN] boxes (TMA_STORE only)."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    num_pid_m = gl.load(table_ptr + 4 * NB)
+    num_pid_n = gl.cdiv(N, BN)
+    total = num_pid_m * num_pid_n
+    my_tiles = gl.maximum(gl.cdiv(total - pid, P), 0)
+    k_tiles = gl.cdiv(K, BK)
+    total_iters = my_tiles * k_tiles
+
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
+    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_desc.layout)
+    if TMA_STORE:
+        c_smem = gl.allocate_shared_memory(dtype, [BM, BN], out_desc.layout)
+    else:
+        c_smem = a_bufs  # never written: the masked store needs no staging
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    p = 0
+    for _ in gl.static_range(STAGES - 1):
+        p = _issue_load(p, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n, table_ptr, NB,
+                        N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                        BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)
+    c = 0
+    for t in range(my_tiles):
+        expert, m0, row_end, pid_n, h = _tile_info(pid + t * P, table_ptr, NB, num_pid_m,
+                                                   num_pid_n, GROUP_M)
+        n0 = pid_n * BN
+        if TAIL_SPLIT >= 2 and h == 2:
+            c, p = _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m,
+                         num_pid_n, table_ptr, NB, N, stride_om, out_ptr, out_desc, c_smem,
+                         a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                         BM // 4, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE,
+                         num_warps)
+        elif TAIL_SPLIT >= 1 and h == 1:
+            c, p = _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m,
+                         num_pid_n, table_ptr, NB, N, stride_om, out_ptr, out_desc, c_smem,
+                         a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                         BM // 2, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE,
+                         num_warps)
+        else:
+            c, p = _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m,
+                         num_pid_n, table_ptr, NB, N, stride_om, out_ptr, out_desc, c_smem,
+                         a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                         BM, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, num_warps)
+    if TMA_STORE:
+        tma.store_wait(0)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))

@@ -1,0 +1,194 @@
+"""grouped_gemm GLUON=1 (the persistent Gluon kernel for Hopper): pruning, its compile for
+sm_90 without a GPU (what CI can check of it), and on a Hopper GPU its outputs against the
+reference at the MoE shape, with empty experts, an empty problem and in a CUDA graph."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+import triton
+
+from harness.kernel_api import DeviceSpec
+from kernels import grouped_gemm
+from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
+
+KERNEL = GroupedGemm()
+H100 = DeviceSpec(key="H100", vendor="nvidia", sm_count=132, smem_per_block=227 * 1024,
+                  has_tma=True, has_wgmma=True)
+A100 = DeviceSpec(key="A100", vendor="nvidia", sm_count=108, smem_per_block=163 * 1024)
+CPU = DeviceSpec(key="cpu", vendor="cpu", interpreted=True)
+MOE = KERNEL.shapes["deepseek-v3-16b"]
+
+# The engine's fixed part: the table's tiles, TMA loads, persistent.
+BASE = {"GLUON": 1, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "BLOCK_K": 64}
+CONFIGS = [
+    {**BASE, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 1,
+     "TAIL_SPLIT": 2, "TMA_STORE": 1},
+    {**BASE, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "GROUP_M": 8,
+     "TAIL_SPLIT": 2, "TAIL_WINDOW": 4},
+    {**BASE, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 1,
+     "TAIL_SPLIT": 0, "TMA_STORE": 1},
+    {**BASE, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 3, "GROUP_M": 4,
+     "TAIL_SPLIT": 1, "TMA_STORE": 1},
+    {**BASE, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "GROUP_M": 8,
+     "TAIL_SPLIT": 1},
+]  # fmt: skip
+
+needs_gluon = pytest.mark.skipif(grouped_gemm._gluon is None,
+                                 reason=f"Triton {triton.__version__} has no Gluon Hopper API")
+
+
+@needs_gluon
+def test_pruning() -> None:
+    cfg = CONFIGS[0]
+    assert KERNEL.check_config(cfg, MOE, H100) is None
+    for dev in (CPU, dataclasses.replace(H100, has_wgmma=False)):
+        assert "wgmma" in KERNEL.check_config(cfg, MOE, dev)
+    assert KERNEL.check_config(cfg, MOE, A100) is not None  # no TMA, no wgmma
+    for key, bad in (("USE_TMA", 0), ("PERSISTENT", 0), ("BLOCK_TABLE", 0), ("FLATTEN", 1),
+                     ("WARP_SPEC", 1)):
+        assert f"{key}=" in KERNEL.check_config({**cfg, key: bad}, MOE, H100)
+    # The quarter tile of a 128-row block is 32 rows: below a warp group's 64.
+    assert "64 rows" in KERNEL.check_config({**cfg, "BLOCK_M": 128}, MOE, H100)
+    assert "num_warps" in KERNEL.check_config({**cfg, "num_warps": 16}, MOE, H100)
+    assert "num_stages" in KERNEL.check_config({**cfg, "num_stages": 1}, MOE, H100)
+    # The ring plus the store's staging tile must fit: 5 x 48 KB + 64 KB does not.
+    assert "shared memory" in KERNEL.check_config({**cfg, "num_stages": 5}, MOE, H100)
+
+
+def test_pruned_without_gluon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Triton without Gluon's Hopper API prunes the engine with its version, and the
+    launcher says why instead of failing on an attribute."""
+    monkeypatch.setattr(grouped_gemm, "_gluon", None)
+    monkeypatch.setattr(grouped_gemm, "_GLUON_MISSING", "ImportError: no gluon", raising=False)
+    assert "no Gluon" in KERNEL.check_config(CONFIGS[0], MOE, H100)
+    inputs = make_grouped_inputs([70, 0, 60], 64, 64, "bf16", seed=0, device="cpu")
+    with pytest.raises(RuntimeError, match="no Gluon"):
+        KERNEL.launcher(inputs, {"M": 130, "N": 64, "K": 64, "E": 3}, CONFIGS[0])
+
+
+@needs_gluon
+def test_rejects_fp32() -> None:
+    inputs = make_grouped_inputs([70, 0, 60], 64, 64, "fp32", seed=0, device="cpu")
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        KERNEL.launcher(inputs, {"M": 130, "N": 64, "K": 64, "E": 3}, CONFIGS[0])
+
+
+def _compile_sm90(launch: grouped_gemm.Launch) -> triton.compiler.CompiledKernel:
+    """``launch`` compiled for sm_90 as the launcher would run it, with no GPU: the
+    signature from the arguments' own types, the constexprs from its meta."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    fn = launch.fn
+    sig = {name: mangle_type(v) for name, v in zip(fn.arg_names, launch.args, strict=False)}
+    consts = {k: v for k, v in launch.meta.items() if k in fn.arg_names}
+    sig.update({k: "constexpr" for k in consts})
+    src = GluonASTSource(fn, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": launch.meta["num_warps"]})
+
+
+@needs_gluon
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: str(sorted(c.items())))
+def test_compiles_for_sm90_without_a_gpu(config: dict) -> None:
+    """The kernel the launcher would run at the MoE shape (CPU tensors stand in: only
+    their types and the descriptors' boxes reach the compiler) builds for sm_90 into TMA
+    loads and wgmma; with TMA_STORE, a TMA store too."""
+    assert KERNEL.check_config(config, MOE, H100) is None
+    counts = KERNEL.routing_counts(MOE, seed=0)
+    a = torch.empty(MOE["M"], MOE["K"], dtype=torch.bfloat16)
+    w = torch.empty(MOE["E"], MOE["N"], MOE["K"], dtype=torch.bfloat16)
+    offs = torch.tensor(grouped_gemm.counts_to_offsets(counts), dtype=torch.int32)
+    launches, out = KERNEL._launches({"a": a, "w": w, "offsets": offs}, config)
+    assert [lc.fn.__name__ for lc in launches] == ["_block_table_kernel",
+                                                   "grouped_gemm_gluon_kernel"]
+    assert launches[1].grid == (4,)  # one program per SM; the CPU stands in with 4
+    ptx = _compile_sm90(launches[1]).asm["ptx"]
+    assert re.search(r"wgmma\.mma_async", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx)
+    stores = re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)
+    assert bool(stores) == bool(config.get("TMA_STORE"))
+
+
+# -- on a Hopper GPU -----------------------------------------------------------------------
+
+
+def _hopper() -> DeviceSpec:
+    from harness import hardware
+
+    spec = hardware.current_device()
+    if not spec.has_wgmma:
+        pytest.skip(f"GLUON=1 needs Hopper's wgmma, not {spec.key}")
+    return spec
+
+
+def _check_filled(fn, inputs: dict, shape: dict) -> None:
+    """Every element written (NaN-filled before the launch) and within bf16 tolerance."""
+    out = fn()
+    out.fill_(float("nan"))
+    assert fn() is out
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), KERNEL.reference(inputs, shape), atol=2e-2,
+                               rtol=2e-2)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: str(sorted(c.items())))
+def test_gpu_moe_shape(device: str, config: dict) -> None:
+    assert KERNEL.check_config(config, MOE, _hopper()) is None
+    inputs = KERNEL.make_inputs(MOE, "bf16", seed=0, device=device)
+    _check_filled(KERNEL.launcher(inputs, MOE, config), inputs, MOE)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("counts", [
+    [0, 3000, 1, 0, 777, 12000, 0, 129] * 8,  # empty, one-row and 12k-row experts
+    [64, 128, 192, 256, 320, 65, 63, 255],  # on and off every tile height
+    [0] * 8,  # no rows at all
+], ids=["ragged", "edges", "empty"])
+def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> None:
+    _hopper()
+    shape = {"M": sum(counts), "N": 1408, "K": 2048, "E": len(counts)}
+    inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=1, device=device)
+    for config in (CONFIGS[0], CONFIGS[3]):
+        fn = KERNEL.launcher(inputs, shape, config)
+        if shape["M"]:
+            _check_filled(fn, inputs, shape)
+        else:
+            assert fn().shape == (0, 1408)
+    meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    KERNEL.compile_only(meta, shape, CONFIGS[1])
+
+
+@pytest.mark.gpu
+@needs_gluon
+def test_gpu_in_a_cuda_graph(device: str) -> None:
+    """Both launches capture into a CUDA graph; a replay after the routing changed in the
+    same offsets buffer gives the new answer."""
+    _hopper()
+    counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
+    moved = counts[1:] + counts[:1]
+    shape = {"M": sum(counts), "N": 1408, "K": 2048, "E": len(counts)}
+    inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=5, device=device)
+    fn = KERNEL.launcher(inputs, shape, CONFIGS[0])
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    inputs["offsets"].copy_(torch.tensor(grouped_gemm.counts_to_offsets(moved),
+                                         dtype=torch.int32))
+    inputs["offsets_host"] = grouped_gemm.counts_to_offsets(moved)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), KERNEL.reference(inputs, shape), atol=2e-2,
+                               rtol=2e-2)
