@@ -82,45 +82,69 @@ def _tile_info(tile, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M: gl.constexpr)
     return expert, m0, row_end, pid_n, h
 
 
+@gluon.constexpr_function
+def _store_layout(BN, num_warps):
+    """A coalesced layout for the masked store: 16-byte vectors along a row."""
+    tpw_n = min(32, max(BN // 8, 1))
+    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // tpw_n, tpw_n],
+                            warps_per_cta=[num_warps, 1], order=[1, 0])
+
+
 @gluon.jit
-def _issue_load(p, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n, table_ptr, NB, N,
-                a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+def _load_target(tile, table_ptr, NB, N, num_pid_m, num_pid_n,
+                 BN: gl.constexpr, GROUP_M: gl.constexpr):
+    """What the producer needs of ``tile``: its first A row, its W row (in W's [E*N, K]
+    view) and its height class."""
+    expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m, num_pid_n,
+                                               GROUP_M)
+    return m0, expert * N + pid_n * BN, h
+
+
+@gluon.jit
+def _issue_load(p, pk, pt, pm0, pw, ph, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n,
+                table_ptr, NB, N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                 STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr):
-    """The TMA loads of this program's ``p``-th K step (any of its tiles) into ring slot
-    p % STAGES, predicated off past its last step; returns p + 1."""
+    """The TMA loads of this program's ``p``-th K step into ring slot p % STAGES
+    (predicated off past its last step). The producer's position (K step ``pk`` of its
+    ``pt``-th tile, whose A row, W row and height are ``pm0``, ``pw``, ``ph``) is carried
+    from step to step: the table is read once per tile, not once per step."""
     pred = p < total_iters
-    expert, m0, row_end, pid_n, h = _tile_info(pid + (p // k_tiles) * P, table_ptr, NB,
-                                               num_pid_m, num_pid_n, GROUP_M)
-    k = (p % k_tiles) * BK
+    k = pk * BK
     s = p % STAGES
     bar = bars.index(s)
     a_buf = a_bufs.index(s)
-    if TAIL_SPLIT >= 2 and h == 2:
+    if TAIL_SPLIT >= 2 and ph == 2:
         mbarrier.expect(bar, a_quarter.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_quarter, [m0, k], bar, a_buf.slice(0, BM // 4), pred)
-    elif TAIL_SPLIT >= 1 and h == 1:
+        _tma_load(a_quarter, [pm0, k], bar, a_buf.slice(0, BM // 4), pred)
+    elif TAIL_SPLIT >= 1 and ph == 1:
         mbarrier.expect(bar, a_half.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_half, [m0, k], bar, a_buf.slice(0, BM // 2), pred)
+        _tma_load(a_half, [pm0, k], bar, a_buf.slice(0, BM // 2), pred)
     else:
         mbarrier.expect(bar, a_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_desc, [m0, k], bar, a_buf, pred)
-    _tma_load(w_desc, [expert * N + pid_n * BN, k], bar, w_bufs.index(s),
-                                    pred)
-    return p + 1
+        _tma_load(a_desc, [pm0, k], bar, a_buf, pred)
+    _tma_load(w_desc, [pw, k], bar, w_bufs.index(s), pred)
+    pk += 1
+    if pk == k_tiles:
+        pk = 0
+        pt += 1
+        pm0, pw, ph = _load_target(pid + pt * P, table_ptr, NB, N, num_pid_m, num_pid_n, BN,
+                                   GROUP_M)
+    return p + 1, pk, pt, pm0, pw, ph
 
 
 @gluon.jit
-def _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n,
-          table_ptr, NB, N, stride_om, out_ptr, out_desc, c_smem,
+def _tile(c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid, P,
+          num_pid_m, num_pid_n, table_ptr, NB, N, stride_om, out_ptr,
+          out_desc, out_half, out_quarter, c_smem,
           a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
           BM_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
           STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr,
           TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
     """One BM_T x BN output tile: its K steps from the ring (each step's wgmma left in
     flight while the step STAGES - 1 ahead is loaded into the slot the previous wgmma
-    has just released), then its store. Returns the ring's consumer and producer
-    counts."""
+    has just released), then its store through ``c_smem``. Returns the ring's consumer
+    count and the producer's position."""
     layout: gl.constexpr = _mma_layout(BM_T, BN, num_warps)
     acc = gl.zeros([BM_T, BN], gl.float32, layout)
     for _ in range(k_tiles):
@@ -131,38 +155,51 @@ def _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m, num_pi
             a = a.slice(0, BM_T)
         acc = warpgroup_mma(a, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc,))
-        p = _issue_load(p, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n, table_ptr, NB,
-                        N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                        BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)
+        p, pk, pt, pm0, pw, ph = _issue_load(
+            p, pk, pt, pm0, pw, ph, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n,
+            table_ptr, NB, N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+            BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)
         c += 1
     acc = warpgroup_mma_wait(0, deps=(acc,))
-    out = acc.to(out_ptr.dtype.element_ty)
-    if TMA_STORE and BM_T == BM and m0 + BM <= row_end:
-        # The previous tile's store may still be reading the staging buffer.
-        tma.store_wait(0)
-        c_smem.store(out)
+    # The previous tile's TMA store may still be reading the staging buffer.
+    tma.store_wait(0)
+    stage = c_smem
+    if BM_T < BM:
+        stage = c_smem.slice(0, BM_T)
+    stage.store(acc.to(out_ptr.dtype.element_ty))
+    if TMA_STORE and m0 + BM_T <= row_end:
         fence_async_shared()
-        _tma_store(out_desc, [m0, n0], c_smem)
+        if BM_T == BM:
+            _tma_store(out_desc, [m0, n0], stage)
+        elif BM_T == BM // 2:
+            _tma_store(out_half, [m0, n0], stage)
+        else:
+            _tma_store(out_quarter, [m0, n0], stage)
     else:
-        # A box past the expert's end would write the next expert's rows.
-        rows = m0 + gl.arange(0, BM_T, layout=gl.SliceLayout(1, layout))
-        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+        # A box past the expert's end would write the next expert's rows: masked
+        # stores, read back from shared memory in rows of 16-byte vectors.
+        st: gl.constexpr = _store_layout(BN, num_warps)
+        vals = stage.load(st)
+        rows = m0 + gl.arange(0, BM_T, layout=gl.SliceLayout(1, st))
+        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, st))
         ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
-        gl.store(ptrs, out, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
-    return c, p
+        gl.store(ptrs, vals, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
+    return c, p, pk, pt, pm0, pw, ph
 
 
 @gluon.jit
 def grouped_gemm_gluon_kernel(
-    a_desc, a_half, a_quarter, w_desc, out_desc, out_ptr, table_ptr, N, K, NB, stride_om,
+    a_desc, a_half, a_quarter, w_desc, out_desc, out_half, out_quarter, out_ptr, table_ptr,
+    N, K, NB, stride_om,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
     module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
-    BM/2, BM/4 rows; ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc``: out
-    [M, N] in [BM, BN] boxes (TMA_STORE only)."""
+    BM/2, BM/4 rows; ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc`` /
+    ``out_half`` / ``out_quarter``: out [M, N] in boxes of BM, BM/2, BM/4 rows (used with
+    TMA_STORE)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     num_pid_m = gl.load(table_ptr + 4 * NB)
@@ -175,42 +212,47 @@ def grouped_gemm_gluon_kernel(
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_desc.layout)
-    if TMA_STORE:
-        c_smem = gl.allocate_shared_memory(dtype, [BM, BN], out_desc.layout)
-    else:
-        c_smem = a_bufs  # never written: the masked store needs no staging
+    c_smem = gl.allocate_shared_memory(dtype, [BM, BN], out_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
 
+    # The producer starts STAGES - 1 steps ahead of the consumer.
     p = 0
+    pk = 0
+    pt = 0
+    pm0, pw, ph = _load_target(pid, table_ptr, NB, N, num_pid_m, num_pid_n, BN, GROUP_M)
     for _ in gl.static_range(STAGES - 1):
-        p = _issue_load(p, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n, table_ptr, NB,
-                        N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                        BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)
+        p, pk, pt, pm0, pw, ph = _issue_load(
+            p, pk, pt, pm0, pw, ph, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n,
+            table_ptr, NB, N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+            BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)
     c = 0
     for t in range(my_tiles):
         expert, m0, row_end, pid_n, h = _tile_info(pid + t * P, table_ptr, NB, num_pid_m,
                                                    num_pid_n, GROUP_M)
         n0 = pid_n * BN
         if TAIL_SPLIT >= 2 and h == 2:
-            c, p = _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m,
-                         num_pid_n, table_ptr, NB, N, stride_om, out_ptr, out_desc, c_smem,
-                         a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                         BM // 4, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE,
-                         num_warps)
+            c, p, pk, pt, pm0, pw, ph = _tile(
+                c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid, P,
+                num_pid_m, num_pid_n, table_ptr, NB, N, stride_om, out_ptr,
+                out_desc, out_half, out_quarter, c_smem,
+                a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                BM // 4, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, num_warps)
         elif TAIL_SPLIT >= 1 and h == 1:
-            c, p = _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m,
-                         num_pid_n, table_ptr, NB, N, stride_om, out_ptr, out_desc, c_smem,
-                         a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                         BM // 2, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE,
-                         num_warps)
+            c, p, pk, pt, pm0, pw, ph = _tile(
+                c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid, P,
+                num_pid_m, num_pid_n, table_ptr, NB, N, stride_om, out_ptr,
+                out_desc, out_half, out_quarter, c_smem,
+                a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                BM // 2, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, num_warps)
         else:
-            c, p = _tile(c, p, m0, row_end, n0, total_iters, k_tiles, pid, P, num_pid_m,
-                         num_pid_n, table_ptr, NB, N, stride_om, out_ptr, out_desc, c_smem,
-                         a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                         BM, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, num_warps)
-    if TMA_STORE:
-        tma.store_wait(0)
+            c, p, pk, pt, pm0, pw, ph = _tile(
+                c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid, P,
+                num_pid_m, num_pid_n, table_ptr, NB, N, stride_om, out_ptr,
+                out_desc, out_half, out_quarter, c_smem,
+                a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+                BM, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, num_warps)
+    tma.store_wait(0)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))

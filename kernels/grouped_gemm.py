@@ -805,12 +805,15 @@ class GroupedGemm(Launches, Kernel):
         # row that no tile reads.
         a_rows = a if M else torch.empty(1, K, dtype=a.dtype, device=a.device)
         out_rows = out if M else torch.empty(1, N, dtype=a.dtype, device=a.device)
+        out_layout = _gluon.shared_layout([bm, bn], a.dtype)
         args = (
             desc(a_rows, [bm, bk], a_layout),
             desc(a_rows, [bm // 2, bk], a_layout),
-            desc(a_rows, [max(bm // 4, 1), bk], a_layout),
+            desc(a_rows, [bm // 4, bk], a_layout),
             desc(w.view(E * N, K), [bn, bk], _gluon.shared_layout([bn, bk], a.dtype)),
-            desc(out_rows, [bm, bn], _gluon.shared_layout([bm, bn], a.dtype)),
+            desc(out_rows, [bm, bn], out_layout),
+            desc(out_rows, [bm // 2, bn], out_layout),
+            desc(out_rows, [bm // 4, bn], out_layout),
             out, table, N, K, nb, out.stride(0),
         )
         meta = {
@@ -966,7 +969,9 @@ class GroupedGemm(Launches, Kernel):
         pipeline, epilogue = buffers * (bm * bk + bn * bk) * item, bm * bn * item
         # A flattened loop keeps loading the next tile while this one is stored, and a
         # TMA store stages the tile in a buffer of its own: then both are live at once.
-        smem = pipeline + epilogue if (flatten or tma_store) else max(pipeline, epilogue)
+        # So does the Gluon kernel's staging tile, which every store goes through.
+        staged = flatten or tma_store or int(cfg["GLUON"])
+        smem = pipeline + epilogue if staged else max(pipeline, epilogue)
         if smem > device.smem_per_block:
             return f"shared memory ~{smem} B > {device.smem_per_block} B per block"
         # Registers: the fp32 accumulator is spread over the threads; beyond 256 fp32

@@ -20,10 +20,13 @@ G = {"GLUON": 1, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "BLOCK_K": 64,
      "TAIL_SPLIT": 2, "TMA_STORE": 1}
 CONFIGS = {
     "gluon 256x128 s3 split2 tma-store": dict(G),
-    "gluon 256x128 s4 split2": {**G, "num_stages": 4, "TMA_STORE": 0},
-    "gluon 256x128 s4 split2 window4": {**G, "num_stages": 4, "TMA_STORE": 0, "TAIL_WINDOW": 4},
-    "gluon 256x128 s3 split2 tma-store G8": {**G, "GROUP_M": 8},
+    "gluon 256x128 s3 split2 masked": {**G, "TMA_STORE": 0},
+    "gluon 256x128 k32 s6 split2 tma-store": {**G, "BLOCK_K": 32, "num_stages": 6},
+    "gluon 256x128 k32 s6 split2 tma-store window4": {**G, "BLOCK_K": 32, "num_stages": 6,
+                                                      "TAIL_WINDOW": 4},
     "gluon 256x128 s3 no split tma-store": {**G, "TAIL_SPLIT": 0},
+    "gluon 256x128 k32 s6 no split tma-store": {**G, "TAIL_SPLIT": 0, "BLOCK_K": 32,
+                                                "num_stages": 6},
     "gluon 128x256 s3 split1 tma-store": {**G, "BLOCK_M": 128, "BLOCK_N": 256,
                                           "TAIL_SPLIT": 1},
 }
