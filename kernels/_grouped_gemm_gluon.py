@@ -91,60 +91,64 @@ def _store_layout(BN, num_warps):
 
 
 @gluon.jit
-def _load_target(tile, table_ptr, NB, N, num_pid_m, num_pid_n,
-                 BN: gl.constexpr, GROUP_M: gl.constexpr):
-    """What the producer needs of ``tile``: its first A row, its W row (in W's [E*N, K]
-    view) and its height class."""
-    expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m, num_pid_n,
-                                               GROUP_M)
-    return m0, expert * N + pid_n * BN, h
+def _next_tile(tile, counter_ptr, P, DYNAMIC: gl.constexpr):
+    """The tile a program takes after ``tile``: the next of its fixed stride, or, with
+    DYNAMIC, the next one nobody has taken (the table launch zeroed the counter; each
+    program's first tile is its id)."""
+    if DYNAMIC:
+        nxt = P + gl.atomic_add(counter_ptr, 1)
+    else:
+        nxt = tile + P
+    return nxt
 
 
 @gluon.jit
-def _issue_load(p, pk, pt, pm0, pw, ph, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n,
-                table_ptr, NB, N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr):
-    """The TMA loads of this program's ``p``-th K step into ring slot p % STAGES
-    (predicated off past its last step). The producer's position (K step ``pk`` of its
-    ``pt``-th tile, whose A row, W row and height are ``pm0``, ``pw``, ``ph``) is carried
-    from step to step: the table is read once per tile, not once per step."""
-    pred = p < total_iters
+def _issue_load(p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N,
+                num_pid_m, num_pid_n, a_desc, a_half, a_quarter, w_desc, bars, a_bufs,
+                w_bufs, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr,
+                DYNAMIC: gl.constexpr):
+    """The producer's step ``p``: K step ``pk`` of its current tile ``cur`` (tile id,
+    expert, first row, end row, n-tile, height), loaded into ring slot p % STAGES;
+    predicated off once the tiles are used up. Crossing into the next tile, ``nxt`` (the
+    following tile's id, taken a whole tile earlier, so its counter and table reads are
+    long back) becomes current and the one after it is taken."""
+    tile, expert, m0, row_end, pid_n, h = cur
+    pred = tile < total
     k = pk * BK
     s = p % STAGES
     bar = bars.index(s)
     a_buf = a_bufs.index(s)
-    if TAIL_SPLIT >= 2 and ph == 2:
+    if TAIL_SPLIT >= 2 and h == 2:
         mbarrier.expect(bar, a_quarter.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_quarter, [pm0, k], bar, a_buf.slice(0, BM // 4), pred)
-    elif TAIL_SPLIT >= 1 and ph == 1:
+        _tma_load(a_quarter, [m0, k], bar, a_buf.slice(0, BM // 4), pred)
+    elif TAIL_SPLIT >= 1 and h == 1:
         mbarrier.expect(bar, a_half.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_half, [pm0, k], bar, a_buf.slice(0, BM // 2), pred)
+        _tma_load(a_half, [m0, k], bar, a_buf.slice(0, BM // 2), pred)
     else:
         mbarrier.expect(bar, a_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_desc, [pm0, k], bar, a_buf, pred)
-    _tma_load(w_desc, [pw, k], bar, w_bufs.index(s), pred)
+        _tma_load(a_desc, [m0, k], bar, a_buf, pred)
+    _tma_load(w_desc, [expert * N + pid_n * BN, k], bar, w_bufs.index(s), pred)
     pk += 1
     if pk == k_tiles:
         pk = 0
-        pt += 1
-        pm0, pw, ph = _load_target(pid + pt * P, table_ptr, NB, N, num_pid_m, num_pid_n, BN,
-                                   GROUP_M)
-    return p + 1, pk, pt, pm0, pw, ph
+        cur = nxt
+        t2 = _next_tile(nxt[0], counter_ptr, P, DYNAMIC)
+        nxt = (t2,) + _tile_info(t2, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M)
+    return p + 1, pk, cur, nxt
 
 
 @gluon.jit
-def _tile(c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid, P,
-          num_pid_m, num_pid_n, table_ptr, NB, N, stride_om, out_ptr,
-          out_desc, out_half, out_quarter, c_smem,
-          a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+def _tile(c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N, num_pid_m,
+          num_pid_n, stride_om, out_ptr, out_desc, out_half, out_quarter, c_smem,
+          a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs, m0, row_end, n0,
           BM_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
           STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr,
-          TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
-    """One BM_T x BN output tile: its K steps from the ring (each step's wgmma left in
-    flight while the step STAGES - 1 ahead is loaded into the slot the previous wgmma
-    has just released), then its store through ``c_smem``. Returns the ring's consumer
-    count and the producer's position."""
+          TMA_STORE: gl.constexpr, DYNAMIC: gl.constexpr, num_warps: gl.constexpr):
+    """One BM_T x BN output tile at (m0, n0): its K steps from the ring (each step's
+    wgmma left in flight while the producer loads the step STAGES - 1 ahead into the slot
+    the previous wgmma has just released), then its store through ``c_smem``. Returns
+    the consumer's count and the producer's state."""
     layout: gl.constexpr = _mma_layout(BM_T, BN, num_warps)
     acc = gl.zeros([BM_T, BN], gl.float32, layout)
     for _ in range(k_tiles):
@@ -155,10 +159,10 @@ def _tile(c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid,
             a = a.slice(0, BM_T)
         acc = warpgroup_mma(a, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc,))
-        p, pk, pt, pm0, pw, ph = _issue_load(
-            p, pk, pt, pm0, pw, ph, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n,
-            table_ptr, NB, N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-            BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)
+        p, pk, cur, nxt = _issue_load(
+            p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N, num_pid_m,
+            num_pid_n, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+            BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, DYNAMIC)
         c += 1
     acc = warpgroup_mma_wait(0, deps=(acc,))
     # The previous tile's TMA store may still be reading the staging buffer.
@@ -184,7 +188,7 @@ def _tile(c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid,
         cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, st))
         ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
         gl.store(ptrs, vals, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
-    return c, p, pk, pt, pm0, pw, ph
+    return c, p, pk, cur, nxt
 
 
 @gluon.jit
@@ -193,21 +197,22 @@ def grouped_gemm_gluon_kernel(
     N, K, NB, stride_om,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
-    num_warps: gl.constexpr,
+    DYNAMIC: gl.constexpr, num_warps: gl.constexpr,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
     module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
     BM/2, BM/4 rows; ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc`` /
     ``out_half`` / ``out_quarter``: out [M, N] in boxes of BM, BM/2, BM/4 rows (used with
-    TMA_STORE)."""
+    TMA_STORE). The producer runs STAGES - 1 steps ahead of the consumer and, as K has
+    at least STAGES steps (the launcher checks), is inside the consumer's next tile
+    whenever the consumer starts one: the consumer takes its tiles from the producer."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     num_pid_m = gl.load(table_ptr + 4 * NB)
+    counter_ptr = table_ptr + 4 * NB + 1
+    total = num_pid_m * gl.cdiv(N, BN)
     num_pid_n = gl.cdiv(N, BN)
-    total = num_pid_m * num_pid_n
-    my_tiles = gl.maximum(gl.cdiv(total - pid, P), 0)
     k_tiles = gl.cdiv(K, BK)
-    total_iters = my_tiles * k_tiles
 
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
@@ -217,42 +222,43 @@ def grouped_gemm_gluon_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
 
-    # The producer starts STAGES - 1 steps ahead of the consumer.
+    cur = (pid,) + _tile_info(pid, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M)
+    t1 = _next_tile(pid, counter_ptr, P, DYNAMIC)
+    nxt = (t1,) + _tile_info(t1, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M)
     p = 0
     pk = 0
-    pt = 0
-    pm0, pw, ph = _load_target(pid, table_ptr, NB, N, num_pid_m, num_pid_n, BN, GROUP_M)
-    for _ in gl.static_range(STAGES - 1):
-        p, pk, pt, pm0, pw, ph = _issue_load(
-            p, pk, pt, pm0, pw, ph, total_iters, k_tiles, pid, P, num_pid_m, num_pid_n,
-            table_ptr, NB, N, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-            BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)
+    for _i in gl.static_range(STAGES - 1):
+        p, pk, cur, nxt = _issue_load(
+            p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N, num_pid_m,
+            num_pid_n, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
+            BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, DYNAMIC)
     c = 0
-    for t in range(my_tiles):
-        expert, m0, row_end, pid_n, h = _tile_info(pid + t * P, table_ptr, NB, num_pid_m,
-                                                   num_pid_n, GROUP_M)
+    tile = cur[0]
+    while tile < total:
+        m0, row_end, pid_n, h = cur[2], cur[3], cur[4], cur[5]
         n0 = pid_n * BN
         if TAIL_SPLIT >= 2 and h == 2:
-            c, p, pk, pt, pm0, pw, ph = _tile(
-                c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid, P,
-                num_pid_m, num_pid_n, table_ptr, NB, N, stride_om, out_ptr,
-                out_desc, out_half, out_quarter, c_smem,
-                a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                BM // 4, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, num_warps)
+            c, p, pk, cur, nxt = _tile(
+                c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N,
+                num_pid_m, num_pid_n, stride_om, out_ptr, out_desc, out_half, out_quarter,
+                c_smem, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs, m0, row_end,
+                n0, BM // 4, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC,
+                num_warps)
         elif TAIL_SPLIT >= 1 and h == 1:
-            c, p, pk, pt, pm0, pw, ph = _tile(
-                c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid, P,
-                num_pid_m, num_pid_n, table_ptr, NB, N, stride_om, out_ptr,
-                out_desc, out_half, out_quarter, c_smem,
-                a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                BM // 2, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, num_warps)
+            c, p, pk, cur, nxt = _tile(
+                c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N,
+                num_pid_m, num_pid_n, stride_om, out_ptr, out_desc, out_half, out_quarter,
+                c_smem, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs, m0, row_end,
+                n0, BM // 2, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC,
+                num_warps)
         else:
-            c, p, pk, pt, pm0, pw, ph = _tile(
-                c, p, pk, pt, pm0, pw, ph, m0, row_end, n0, total_iters, k_tiles, pid, P,
-                num_pid_m, num_pid_n, table_ptr, NB, N, stride_om, out_ptr,
-                out_desc, out_half, out_quarter, c_smem,
-                a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-                BM, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, num_warps)
+            c, p, pk, cur, nxt = _tile(
+                c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N,
+                num_pid_m, num_pid_n, stride_om, out_ptr, out_desc, out_half, out_quarter,
+                c_smem, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs, m0, row_end,
+                n0, BM, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC,
+                num_warps)
+        tile = cur[0]
     tma.store_wait(0)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))

@@ -10,8 +10,9 @@ their prefix sum, and maps its virtual m-block to (expert, local block) from tha
 BLOCK_TABLE a first, small launch does that mapping once for every m-block and writes it
 to a table the GEMM reads (and may split each expert's last rows into half and quarter
 tiles, TAIL_SPLIT); the launch count stays fixed, so CUDA graphs capture it as well.
-GLUON=1 runs the table's tiles with the persistent Gluon kernel of
-``kernels/_grouped_gemm_gluon.py`` instead (Hopper only).
+GLUON runs the table's tiles with the persistent Gluon kernel of
+``kernels/_grouped_gemm_gluon.py`` instead (Hopper only): each program takes its tiles at
+a fixed stride (GLUON=1) or from a counter, as it frees up (GLUON=2).
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def _block_table_kernel(
     """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
     its expert (-1 past the real blocks), first row, the expert's end row and its height
     class h (the tile is BLOCK_M >> h rows), as four int32 rows of ``table``; then the
-    real block count at ``table[4 * NB]``. The GEMM kernel reads four numbers per tile
-    instead of reducing over the experts.
+    real block count at ``table[4 * NB]``, and a zeroed tile counter after it (GLUON=2).
+    The GEMM kernel reads four numbers per tile instead of reducing over the experts.
 
     An expert's rows become full BLOCK_M blocks (class 0), then its remainder r is covered
     by pieces of BLOCK_M/2, BLOCK_M/4, ... (classes 1, 2, ..., down to BLOCK_M >>
@@ -151,6 +152,8 @@ def _block_table_kernel(
     tl.store(table_ptr + 3 * NB + b, h, mask=live)
     if tl.program_id(0) == 0:
         tl.store(table_ptr + 4 * NB, tl.sum(nblk, 0))
+        # The tile counter GLUON=2's programs take their tiles from, zeroed every call.
+        tl.store(table_ptr + 4 * NB + 1, 0)
 
 
 @triton.jit
@@ -718,7 +721,7 @@ class GroupedGemm(Launches, Kernel):
         if block_table:
             # Allocated once per launcher, refilled by every call (the routing may change
             # between calls on the same buffers).
-            table = torch.empty(4 * nb + 1, dtype=torch.int32, device=a.device)
+            table = torch.empty(4 * nb + 2, dtype=torch.int32, device=a.device)
             chunk = max(16, min(256, 4096 // e_pad))
             launches.append(Launch(
                 _block_table_kernel, (triton.cdiv(nb, chunk),), (offsets, table, E, nb),
@@ -787,12 +790,12 @@ class GroupedGemm(Launches, Kernel):
 
     def _gluon_launch(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
                       table: torch.Tensor, nb: int, num_progs: int, cfg: Config) -> Launch:
-        """GLUON=1's GEMM launch: the persistent Gluon kernel over the block table, one
+        """GLUON's GEMM launch: the persistent Gluon kernel over the block table, one
         program per SM (the table's launch comes first)."""
         if _gluon is None:
-            raise RuntimeError(f"GLUON=1: this Triton has no Gluon Hopper API ({_GLUON_MISSING})")
+            raise RuntimeError(f"GLUON: this Triton has no Gluon Hopper API ({_GLUON_MISSING})")
         if a.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"grouped_gemm GLUON=1 takes bf16 or fp16, not {a.dtype}")
+            raise ValueError(f"grouped_gemm GLUON takes bf16 or fp16, not {a.dtype}")
         self._check_tma_layout(a, w)
         M, K = a.shape
         E, N, _ = w.shape
@@ -816,34 +819,45 @@ class GroupedGemm(Launches, Kernel):
             desc(out_rows, [bm // 4, bn], out_layout),
             out, table, N, K, nb, out.stride(0),
         )
+        stages = int(cfg["num_stages"])
+        if triton.cdiv(K, bk) < stages:
+            # The consumer takes each tile from the producer, STAGES - 1 steps ahead.
+            raise ValueError(f"grouped_gemm GLUON: K={K} has fewer than num_stages={stages} "
+                             f"steps of BLOCK_K={bk}")
         meta = {
-            "BM": bm, "BN": bn, "BK": bk, "STAGES": int(cfg["num_stages"]),
+            "BM": bm, "BN": bn, "BK": bk, "STAGES": stages,
             "GROUP_M": int(cfg["GROUP_M"]), "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]),
-            "TMA_STORE": bool(int(cfg["TMA_STORE"])), "num_warps": int(cfg["num_warps"]),
+            "TMA_STORE": bool(int(cfg["TMA_STORE"])), "DYNAMIC": int(cfg["GLUON"]) == 2,
+            "num_warps": int(cfg["num_warps"]),
         }
         return Launch(_gluon.grouped_gemm_gluon_kernel, (num_progs,), args, meta)
 
     @staticmethod
-    def _check_gluon(cfg: Config, device: DeviceSpec) -> str | None:
-        """GLUON=1's own limits: Hopper's wgmma, and the one shape of kernel it is (the
+    def _check_gluon(cfg: Config, shape: Shape, device: DeviceSpec) -> str | None:
+        """GLUON's own limits: Hopper's wgmma, and the one shape of kernel it is (the
         table's tiles, TMA loads, persistent; its cross-tile pipeline is its own, so
         FLATTEN and WARP_SPEC would repeat a config)."""
+        if int(cfg["GLUON"]) not in (1, 2):
+            return f"GLUON={cfg['GLUON']}: 0 (Triton), 1 (fixed stride) or 2 (counter)"
         if _gluon is None:
-            return f"GLUON=1: Triton {triton.__version__} has no Gluon Hopper API"
+            return f"GLUON: Triton {triton.__version__} has no Gluon Hopper API"
         if not device.has_wgmma or device.interpreted:
-            return f"GLUON=1: needs Hopper's wgmma (sm_90), not {device.key}"
+            return f"GLUON: needs Hopper's wgmma (sm_90), not {device.key}"
         needs = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "FLATTEN": 0, "WARP_SPEC": 0}
         wrong = [f"{k}={v}" for k, v in needs.items() if int(cfg[k]) != v]
         if wrong:
-            return f"GLUON=1 needs {', '.join(wrong)}"
+            return f"GLUON needs {', '.join(wrong)}"
         bm, split = int(cfg["BLOCK_M"]), int(cfg["TAIL_SPLIT"])
         # A warp group's wgmma covers 64 rows at least: the smallest tile too.
         if bm >> split < 64:
-            return f"GLUON=1: BLOCK_M={bm} >> TAIL_SPLIT={split} is below wgmma's 64 rows"
+            return f"GLUON: BLOCK_M={bm} >> TAIL_SPLIT={split} is below wgmma's 64 rows"
         if int(cfg["num_warps"]) not in (4, 8):
-            return f"GLUON=1: num_warps={cfg['num_warps']}: one or two warp groups"
+            return f"GLUON: num_warps={cfg['num_warps']}: one or two warp groups"
         if int(cfg["num_stages"]) < 2:
-            return "GLUON=1: the ring needs num_stages >= 2"
+            return "GLUON: the ring needs num_stages >= 2"
+        if triton.cdiv(int(shape["K"]), int(cfg["BLOCK_K"])) < int(cfg["num_stages"]):
+            return (f"GLUON: K={shape['K']} has fewer than num_stages={cfg['num_stages']} "
+                    f"steps of BLOCK_K={cfg['BLOCK_K']}")
         return None
 
     @staticmethod
@@ -928,7 +942,7 @@ class GroupedGemm(Launches, Kernel):
                 return f"WARP_SPEC=1: Triton warp-specializes on NVIDIA GPUs only, not {device.key}"
         split = int(cfg["TAIL_SPLIT"])
         if int(cfg["GLUON"]):
-            why = self._check_gluon(cfg, device)
+            why = self._check_gluon(cfg, shape, device)
             if why:
                 return why
         if split:

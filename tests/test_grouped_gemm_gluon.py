@@ -1,4 +1,4 @@
-"""grouped_gemm GLUON=1 (the persistent Gluon kernel for Hopper): pruning, its compile for
+"""grouped_gemm GLUON=1/2 (the persistent Gluon kernel for Hopper): pruning, its compile for
 sm_90 without a GPU (what CI can check of it), and on a Hopper GPU its outputs against the
 reference at the MoE shape, with empty experts, an empty problem and in a CUDA graph."""
 
@@ -35,6 +35,11 @@ CONFIGS = [
      "TAIL_SPLIT": 1, "TMA_STORE": 1},
     {**BASE, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "GROUP_M": 8,
      "TAIL_SPLIT": 1},
+    # Tiles taken from a counter as programs free up.
+    {**BASE, "GLUON": 2, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8,
+     "num_stages": 6, "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
+    {**BASE, "GLUON": 2, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 3,
+     "GROUP_M": 8, "TAIL_SPLIT": 1, "TAIL_WINDOW": 4},
 ]  # fmt: skip
 
 needs_gluon = pytest.mark.skipif(grouped_gemm._gluon is None,
@@ -55,6 +60,10 @@ def test_pruning() -> None:
     assert "64 rows" in KERNEL.check_config({**cfg, "BLOCK_M": 128}, MOE, H100)
     assert "num_warps" in KERNEL.check_config({**cfg, "num_warps": 16}, MOE, H100)
     assert "num_stages" in KERNEL.check_config({**cfg, "num_stages": 1}, MOE, H100)
+    assert "GLUON=3" in KERNEL.check_config({**cfg, "GLUON": 3}, MOE, H100)
+    # The consumer takes its tiles from the producer, STAGES - 1 steps ahead: K must
+    # have at least STAGES steps.
+    assert "fewer than" in KERNEL.check_config(cfg, {**MOE, "K": 128}, H100)
     # The ring plus the staging tile must fit: 4 x 48 KB + 64 KB does not.
     assert "shared memory" in KERNEL.check_config({**cfg, "num_stages": 4}, MOE, H100)
 
@@ -123,7 +132,7 @@ def _hopper() -> DeviceSpec:
 
     spec = hardware.current_device()
     if not spec.has_wgmma:
-        pytest.skip(f"GLUON=1 needs Hopper's wgmma, not {spec.key}")
+        pytest.skip(f"GLUON needs Hopper's wgmma, not {spec.key}")
     return spec
 
 

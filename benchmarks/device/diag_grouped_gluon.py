@@ -1,4 +1,5 @@
-"""The Gluon engine (GLUON=1: persistent, a TMA ring pipelined across tiles) against the
+"""The Gluon engine (GLUON=1/2: persistent, a TMA ring pipelined across tiles, tiles at a
+fixed stride or from a counter; TMA stores) against the
 Triton kernel of this GPU's pack, each timed right beside dense cuBLAS
 (``diag_grouped_steady``'s pairing, median of adjacent-pair ratios), on the log-normal,
 balanced and uniform routings at the MoE shape; every output checked first.
@@ -18,17 +19,16 @@ from kernels.grouped_gemm import GroupedGemm
 G = {"GLUON": 1, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "BLOCK_K": 64,
      "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 1,
      "TAIL_SPLIT": 2, "TMA_STORE": 1}
+K32 = {**G, "BLOCK_K": 32, "num_stages": 6}
 CONFIGS = {
-    "gluon 256x128 s3 split2 tma-store": dict(G),
-    "gluon 256x128 s3 split2 masked": {**G, "TMA_STORE": 0},
-    "gluon 256x128 k32 s6 split2 tma-store": {**G, "BLOCK_K": 32, "num_stages": 6},
-    "gluon 256x128 k32 s6 split2 tma-store window4": {**G, "BLOCK_K": 32, "num_stages": 6,
-                                                      "TAIL_WINDOW": 4},
-    "gluon 256x128 s3 no split tma-store": {**G, "TAIL_SPLIT": 0},
-    "gluon 256x128 k32 s6 no split tma-store": {**G, "TAIL_SPLIT": 0, "BLOCK_K": 32,
-                                                "num_stages": 6},
-    "gluon 128x256 s3 split1 tma-store": {**G, "BLOCK_M": 128, "BLOCK_N": 256,
-                                          "TAIL_SPLIT": 1},
+    "gluon=1 256x128 k32 s6 split2": dict(K32),
+    "gluon=2 256x128 k32 s6 split2": {**K32, "GLUON": 2},
+    "gluon=2 256x128 k32 s6 split2 window4": {**K32, "GLUON": 2, "TAIL_WINDOW": 4},
+    "gluon=2 256x128 k32 s6 split2 G8": {**K32, "GLUON": 2, "GROUP_M": 8},
+    "gluon=2 256x128 k32 s6 no split": {**K32, "GLUON": 2, "TAIL_SPLIT": 0},
+    "gluon=2 256x128 k64 s3 split2": {**G, "GLUON": 2},
+    "gluon=2 128x256 s3 split1": {**G, "GLUON": 2, "BLOCK_M": 128, "BLOCK_N": 256,
+                                  "TAIL_SPLIT": 1},
 }
 
 
