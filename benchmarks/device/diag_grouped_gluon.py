@@ -4,7 +4,11 @@ Triton kernel of this GPU's pack, each timed right beside dense cuBLAS
 (``diag_grouped_steady``'s pairing, median of adjacent-pair ratios), on the log-normal,
 balanced and uniform routings at the MoE shape; every output checked first.
 
-    python3 benchmarks/device/diag_grouped_gluon.py [--rounds 5] [--rep 100]
+Study ``rows``: every expert the same r rows (r = 64: quarter tiles only, 128: half
+tiles, 256: one full tile, 768: three, 800 and 832: three and a quarter), so that each
+tile height's cost shows on its own.
+
+    python3 benchmarks/device/diag_grouped_gluon.py [--study main,rows] [--rounds 5] [--rep 100]
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import argparse
 from benchmarks.device.diag_grouped_steady import SHAPE, make_problems
 from benchmarks.device.diag_grouped_waves import pairs
 from harness import packs
-from kernels.grouped_gemm import GroupedGemm
+from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
+
+ROWS = (64, 128, 256, 768, 800, 832)
 
 G = {"GLUON": 1, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "BLOCK_K": 64,
      "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 1,
@@ -37,6 +43,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--only", default="", help="comma-separated config names to keep")
+    ap.add_argument("--study", default="main")
     args = ap.parse_args()
     fam = GroupedGemm()
     configs = {"pack (Triton)": dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config),
@@ -44,8 +51,17 @@ def main() -> None:
     if args.only:
         keep = set(args.only.split(","))
         configs = {k: v for k, v in configs.items() if k in keep or k == "pack (Triton)"}
-    problems = {name: (inputs, SHAPE) for name, inputs in make_problems(fam).items()}
-    pairs(fam, problems, configs, args.rounds, args.rep)
+    studies = args.study.split(",")
+    if "rows" in studies:
+        rows = {}
+        for r in ROWS:
+            shape = {**SHAPE, "M": r * SHAPE["E"]}
+            rows[f"{r} rows x {SHAPE['E']}"] = (make_grouped_inputs(
+                [r] * SHAPE["E"], SHAPE["N"], SHAPE["K"], "bf16", seed=r, device="cuda"), shape)
+        pairs(fam, rows, configs, args.rounds, args.rep)
+    if "main" in studies:
+        problems = {name: (inputs, SHAPE) for name, inputs in make_problems(fam).items()}
+        pairs(fam, problems, configs, args.rounds, args.rep)
     for name, cfg in configs.items():
         print(f"{name}: {cfg}")
 
