@@ -96,7 +96,9 @@ def _next_tile(tile, counter_ptr, P, DYNAMIC: gl.constexpr):
     DYNAMIC, the next one nobody has taken (the table launch zeroed the counter; each
     program's first tile is its id)."""
     if DYNAMIC:
-        nxt = P + gl.atomic_add(counter_ptr, 1)
+        # Relaxed: the counter orders nothing else, and an acq_rel atomic would wait
+        # for this program's earlier stores once per tile.
+        nxt = P + gl.atomic_add(counter_ptr, 1, sem="relaxed")
     else:
         nxt = tile + P
     return nxt
