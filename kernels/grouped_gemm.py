@@ -828,7 +828,7 @@ class GroupedGemm(Launches, Kernel):
             "BM": bm, "BN": bn, "BK": bk, "STAGES": stages,
             "GROUP_M": int(cfg["GROUP_M"]), "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]),
             "TMA_STORE": bool(int(cfg["TMA_STORE"])), "DYNAMIC": int(cfg["GLUON"]) == 2,
-            "MMA_WAIT": int(cfg.get("MMA_WAIT", 1)), "num_warps": int(cfg["num_warps"]),
+            "num_warps": int(cfg["num_warps"]),
         }
         return Launch(_gluon.grouped_gemm_gluon_kernel, (num_progs,), args, meta)
 

@@ -84,6 +84,12 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         # Quarter tiles need the block table (tested below).
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
         config.update(BLOCK_TABLE=1)
+    if name == "GLUON" and value:
+        # The Gluon engine needs Hopper's wgmma: pruned here and on the interpreter; its
+        # own tests compile it for sm_90 and run it on the GPU.
+        assert "wgmma" in KERNEL.check_config(
+            {**config, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1}, shape, CPU)
+        return
     if name == "TAIL_WINDOW" and value:
         # The window orders the table's split tails (tested below).
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)

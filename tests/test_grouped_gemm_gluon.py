@@ -40,8 +40,6 @@ CONFIGS = [
      "num_stages": 6, "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
     {**BASE, "GLUON": 2, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 3,
      "GROUP_M": 8, "TAIL_SPLIT": 1, "TAIL_WINDOW": 4},
-    {**BASE, "GLUON": 2, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8,
-     "num_stages": 6, "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1, "MMA_WAIT": 2},
 ]  # fmt: skip
 
 needs_gluon = pytest.mark.skipif(grouped_gemm._gluon is None,

@@ -35,9 +35,6 @@ CONFIGS = {
     "gluon=2 256x128 k64 s3 split2": {**G, "GLUON": 2},
     "gluon=2 128x256 s3 split1": {**G, "GLUON": 2, "BLOCK_M": 128, "BLOCK_N": 256,
                                   "TAIL_SPLIT": 1},
-    "gluon=2 256x128 k32 s6 split2 mma2": {**K32, "GLUON": 2, "MMA_WAIT": 2},
-    "gluon=1 256x128 k32 s6 split2 mma2": {**K32, "MMA_WAIT": 2},
-    "gluon=2 256x128 k32 s6 split1 mma2": {**K32, "GLUON": 2, "MMA_WAIT": 2, "TAIL_SPLIT": 1},
 }
 
 
