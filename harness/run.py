@@ -796,7 +796,10 @@ def _incumbent(exp: experiment.Experiment, st: StudyState,
                ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The pack's current winner for the study's shape, as the study measured it (its
     trial's config and result), where the search found it within
-    ``remeasure.INCUMBENT_BAND`` of its best; None otherwise."""
+    ``remeasure.INCUMBENT_BAND`` of its best; where the search never measured it (a
+    narrower space, or a sampler that did not draw it), the pack's config with no
+    result, so that it is re-measured beside the top configs all the same and a search
+    cannot replace it unseen; None where there is none, or it cannot run here."""
     fam = kernel_api.get(st.spec.kernel)
     held = warmstart.incumbent(exp.output.packs_dir, fam, st.spec.dtype, st.spec.hardware,
                                st.spec.shape)
@@ -807,7 +810,9 @@ def _incumbent(exp: experiment.Experiment, st: StudyState,
         if {**fam.default_config, **cfg} == held:
             near = res.get("latency_ms", math.inf) <= best * (1 + remeasure.INCUMBENT_BAND)
             return (cfg, res) if near else None
-    return None
+    if fam.check_config(held, st.spec.shape, st.device) is not None:
+        return None
+    return held, {}
 
 
 def _next_task(sts: list[StudyState], rr: dict[str, int], hw: str) -> Task | None:
@@ -911,9 +916,11 @@ def _outcome(st: StudyState) -> tuple[dict[str, Any], dict[str, Any]] | None:
     extra: dict[str, Any] = {}
     if st.final is not None:
         winner = next(c for c in st.candidates if c.config == st.final[0])
-        # The incumbent may rank below the top k by its search measurement.
-        config, res = winner.config, next(r for c, r in st.search.top(10**9)
-                                          if c == winner.config)
+        # The incumbent may rank below the top k by its search measurement, or, outside
+        # the search's space, have none: then its re-measurement (accuracy included)
+        # stands in.
+        config, res = winner.config, next((r for c, r in st.search.top(10**9)
+                                           if c == winner.config), winner.median_result)
         # Latency, p20/p80 and rates of one re-measurement (the median one), not the
         # search's rates beside a re-measured latency; the accuracy stays the search's.
         timed = {k: v for k, v in winner.median_result.items() if k in _TIMED}

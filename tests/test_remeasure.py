@@ -176,6 +176,46 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
     assert "current winner" not in fresh["winner_reason"]
 
 
+@pytest.mark.slow
+def test_a_narrower_search_does_not_replace_the_packs_winner_unseen(tmp_path: Path) -> None:
+    """Seen on an H200 (session 15): a grid over one engine's configs only froze its own
+    winner over the pack's entry, a config of another engine it never measured. The
+    pack's entry is now re-measured beside the top configs even where the search's space
+    excludes it: here it is the fastest and stays."""
+    events = tmp_path / "events"
+    events.mkdir()
+
+    def run(name: str, sleeps: list[int]) -> dict:
+        exp = {
+            "name": name, "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
+            "dtypes": ["fp32"],
+            "search": {"sampler": "grid", "trials": 8, "warm_start": False,
+                       "remeasure_top_k": 2, "remeasure_rounds": 3},
+            "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": sleeps,
+                                        "COMPILE_MS": [1]}},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+            "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+            "fleet": {"compile_workers": 0, "queue_depth": 1},
+        }
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(exp))
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", f"{name}.yaml",
+                               "--json"], cwd=tmp_path, env=cli_env(events),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        (row,) = json.loads(proc.stdout)["rows"]
+        return row
+
+    def held() -> int:
+        entry = packs.read(tmp_path / "packs" / "cpu" / "faulty.json")["kernels"]["faulty"]
+        return next(iter(entry["fp32"].values()))["config"]["SLEEP_MS"]
+
+    assert run("wide", [100])["params"]["SLEEP_MS"] == 100 and held() == 100
+    narrow = run("narrow", [300, 600])  # excludes the pack's 100 ms config
+    assert narrow["params"]["SLEEP_MS"] == 100, (narrow["winner_reason"], narrow["remeasured"])
+    assert [c["incumbent"] for c in narrow["remeasured"]].count(True) == 1
+    assert held() == 100
+
+
 def test_candidates_measured_in_the_same_rounds_compare_round_by_round() -> None:
     """A round in which the GPU's clock dipped for one candidate's measurement moves its
     median by 19 %; their same-round ratios say 1 % apart: a tie (the footprint rule,
