@@ -104,16 +104,17 @@ def _next_tile(tile, counter_ptr, P, DYNAMIC: gl.constexpr):
 
 
 @gluon.jit
-def _issue_load(p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N,
-                num_pid_m, num_pid_n, a_desc, a_half, a_quarter, w_desc, bars, a_bufs,
-                w_bufs, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr,
-                DYNAMIC: gl.constexpr):
+def _issue_load(p, pk, cur, nxt, sched, ring, BM: gl.constexpr, BN: gl.constexpr,
+                BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                TAIL_SPLIT: gl.constexpr, DYNAMIC: gl.constexpr):
     """The producer's step ``p``: K step ``pk`` of its current tile ``cur`` (tile id,
     expert, first row, end row, n-tile, height), loaded into ring slot p % STAGES;
     predicated off once the tiles are used up. Crossing into the next tile, ``nxt`` (the
     following tile's id, taken a whole tile earlier, so its counter and table reads are
-    long back) becomes current and the one after it is taken."""
+    long back) becomes current and the one after it is taken. ``sched`` and ``ring``:
+    the kernel's tuples (tile bookkeeping; the A and W descriptors and buffers)."""
+    total, k_tiles, P, counter_ptr, table_ptr, NB, N, num_pid_m, num_pid_n = sched
+    a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs = ring
     tile, expert, m0, row_end, pid_n, h = cur
     pred = tile < total
     k = pk * BK
@@ -140,9 +141,7 @@ def _issue_load(p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, 
 
 
 @gluon.jit
-def _tile(c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N, num_pid_m,
-          num_pid_n, stride_om, out_ptr, out_desc, out_half, out_quarter, c_smem,
-          a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs, m0, row_end, n0,
+def _tile(c, p, pk, cur, nxt, sched, ring, outs, m0, row_end, n0,
           BM_T: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
           STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr,
           TMA_STORE: gl.constexpr, DYNAMIC: gl.constexpr, num_warps: gl.constexpr):
@@ -151,6 +150,10 @@ def _tile(c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N, 
     the previous wgmma has just released), then its store through ``c_smem``. Returns
     the consumer's count and the producer's state. (Two wgmma steps in flight, the
     producer one step less ahead, measured no faster on either GPU: session 15.)"""
+    k_tiles = sched[1]
+    N = sched[6]
+    bars, a_bufs, w_bufs = ring[4], ring[5], ring[6]
+    out_ptr, stride_om, out_desc, out_half, out_quarter, c_smem = outs
     layout: gl.constexpr = _mma_layout(BM_T, BN, num_warps)
     acc = gl.zeros([BM_T, BN], gl.float32, layout)
     for _ in range(k_tiles):
@@ -161,10 +164,8 @@ def _tile(c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N, 
             a = a.slice(0, BM_T)
         acc = warpgroup_mma(a, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc,))
-        p, pk, cur, nxt = _issue_load(
-            p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N, num_pid_m,
-            num_pid_n, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-            BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, DYNAMIC)
+        p, pk, cur, nxt = _issue_load(p, pk, cur, nxt, sched, ring, BM, BN, BK, STAGES,
+                                      GROUP_M, TAIL_SPLIT, DYNAMIC)
         c += 1
     acc = warpgroup_mma_wait(0, deps=(acc,))
     # The previous tile's TMA store may still be reading the staging buffer.
@@ -227,39 +228,31 @@ def grouped_gemm_gluon_kernel(
     cur = (pid,) + _tile_info(pid, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M)
     t1 = _next_tile(pid, counter_ptr, P, DYNAMIC)
     nxt = (t1,) + _tile_info(t1, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M)
+    sched = (total, k_tiles, P, counter_ptr, table_ptr, NB, N, num_pid_m, num_pid_n)
+    ring = (a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs)
+    outs = (out_ptr, stride_om, out_desc, out_half, out_quarter, c_smem)
     p = 0
     pk = 0
     for _i in gl.static_range(STAGES - 1):
-        p, pk, cur, nxt = _issue_load(
-            p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N, num_pid_m,
-            num_pid_n, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs,
-            BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, DYNAMIC)
+        p, pk, cur, nxt = _issue_load(p, pk, cur, nxt, sched, ring, BM, BN, BK, STAGES,
+                                      GROUP_M, TAIL_SPLIT, DYNAMIC)
     c = 0
     tile = cur[0]
     while tile < total:
-        m0, row_end, pid_n, h = cur[2], cur[3], cur[4], cur[5]
-        n0 = pid_n * BN
+        m0, row_end, n0, h = cur[2], cur[3], cur[4] * BN, cur[5]
+        # One call per tile height: a tile's height is a constexpr of its code.
         if TAIL_SPLIT >= 2 and h == 2:
-            c, p, pk, cur, nxt = _tile(
-                c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N,
-                num_pid_m, num_pid_n, stride_om, out_ptr, out_desc, out_half, out_quarter,
-                c_smem, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs, m0, row_end,
-                n0, BM // 4, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC,
-                num_warps)
+            c, p, pk, cur, nxt = _tile(c, p, pk, cur, nxt, sched, ring, outs, m0, row_end, n0,
+                                       BM // 4, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
+                                       TMA_STORE, DYNAMIC, num_warps)
         elif TAIL_SPLIT >= 1 and h == 1:
-            c, p, pk, cur, nxt = _tile(
-                c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N,
-                num_pid_m, num_pid_n, stride_om, out_ptr, out_desc, out_half, out_quarter,
-                c_smem, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs, m0, row_end,
-                n0, BM // 2, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC,
-                num_warps)
+            c, p, pk, cur, nxt = _tile(c, p, pk, cur, nxt, sched, ring, outs, m0, row_end, n0,
+                                       BM // 2, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
+                                       TMA_STORE, DYNAMIC, num_warps)
         else:
-            c, p, pk, cur, nxt = _tile(
-                c, p, pk, cur, nxt, total, k_tiles, P, counter_ptr, table_ptr, NB, N,
-                num_pid_m, num_pid_n, stride_om, out_ptr, out_desc, out_half, out_quarter,
-                c_smem, a_desc, a_half, a_quarter, w_desc, bars, a_bufs, w_bufs, m0, row_end,
-                n0, BM, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC,
-                num_warps)
+            c, p, pk, cur, nxt = _tile(c, p, pk, cur, nxt, sched, ring, outs, m0, row_end, n0,
+                                       BM, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
+                                       TMA_STORE, DYNAMIC, num_warps)
         tile = cur[0]
     tma.store_wait(0)
     for i in gl.static_range(STAGES):

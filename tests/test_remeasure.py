@@ -131,6 +131,30 @@ def test_ties_keep_the_packs_current_winner() -> None:
     assert win is a and "robust" in why
 
 
+def _run_faulty(tmp_path: Path, name: str, params: dict, packs_dir: Path, rounds: int) -> dict:
+    """``kharness run --json`` of a Faulty-kernel grid over ``params`` whose two best
+    configs are re-measured in ``rounds`` rounds: the study's summary row."""
+    events = tmp_path / "events"
+    events.mkdir(exist_ok=True)
+    exp = {
+        "name": name, "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
+        "dtypes": ["fp32"],
+        "search": {"sampler": "grid", "trials": 8, "warm_start": False,
+                   "remeasure_top_k": 2, "remeasure_rounds": rounds},
+        "search_space": {"params": {"FAULT": ["none"], **params}},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(packs_dir), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0, "queue_depth": 1},
+    }
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(exp))
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", f"{name}.yaml", "--json"],
+                          cwd=tmp_path, env=cli_env(events), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (row,) = json.loads(proc.stdout)["rows"]
+    return row
+
+
 @pytest.mark.slow
 def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> None:
     """Two configs that take the same time (COMPILE_MS only slows the Faulty kernel's
@@ -138,30 +162,11 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
     COMPILE_MS=1 froze it; a re-run over both keeps it (re-measured beside the top
     configs), where without a pack the tie rules alone decide (equal footprints: the
     lower same-round ratio, for two equal configs either one)."""
-    events = tmp_path / "events"
-    events.mkdir()
-
     def run(name: str, compile_ms: list[int], packs_dir: Path) -> dict:
-        exp = {
-            "name": name, "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
-            "dtypes": ["fp32"],
-            # Sleeps long and rounds many enough that a loaded 2-core machine's jitter
-            # stays inside the 2 % band (100 ms and 3 rounds did not, once in CI).
-            "search": {"sampler": "grid", "trials": 8, "warm_start": False,
-                       "remeasure_top_k": 2, "remeasure_rounds": 5},
-            "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": [250, 500],
-                                        "COMPILE_MS": compile_ms}},
-            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
-            "output": {"packs_dir": str(packs_dir), "runs_dir": str(tmp_path / "runs")},
-            "fleet": {"compile_workers": 0, "queue_depth": 1},
-        }
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(exp))
-        proc = subprocess.run([sys.executable, "-m", "harness", "run", f"{name}.yaml",
-                               "--json"], cwd=tmp_path, env=cli_env(events),
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        (row,) = json.loads(proc.stdout)["rows"]
-        return row
+        # Sleeps long and rounds many enough that a loaded 2-core machine's jitter stays
+        # inside the 2 % band (100 ms and 3 rounds did not, once in CI).
+        return _run_faulty(tmp_path, name, {"SLEEP_MS": [250, 500], "COMPILE_MS": compile_ms},
+                           packs_dir, rounds=5)
 
     first = run("first", [1], tmp_path / "packs")
     assert first["params"]["COMPILE_MS"] == 1 and first["params"]["SLEEP_MS"] == 250
@@ -182,28 +187,9 @@ def test_a_narrower_search_does_not_replace_the_packs_winner_unseen(tmp_path: Pa
     winner over the pack's entry, a config of another engine it never measured. The
     pack's entry is now re-measured beside the top configs even where the search's space
     excludes it: here it is the fastest and stays."""
-    events = tmp_path / "events"
-    events.mkdir()
-
     def run(name: str, sleeps: list[int]) -> dict:
-        exp = {
-            "name": name, "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
-            "dtypes": ["fp32"],
-            "search": {"sampler": "grid", "trials": 8, "warm_start": False,
-                       "remeasure_top_k": 2, "remeasure_rounds": 3},
-            "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": sleeps,
-                                        "COMPILE_MS": [1]}},
-            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
-            "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-            "fleet": {"compile_workers": 0, "queue_depth": 1},
-        }
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(exp))
-        proc = subprocess.run([sys.executable, "-m", "harness", "run", f"{name}.yaml",
-                               "--json"], cwd=tmp_path, env=cli_env(events),
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        (row,) = json.loads(proc.stdout)["rows"]
-        return row
+        return _run_faulty(tmp_path, name, {"SLEEP_MS": sleeps, "COMPILE_MS": [1]},
+                           tmp_path / "packs", rounds=3)
 
     def held() -> int:
         entry = packs.read(tmp_path / "packs" / "cpu" / "faulty.json")["kernels"]["faulty"]

@@ -24,12 +24,12 @@ torch._grouped_mm; dense cuBLAS at each M.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 from benchmarks.device.diag_grouped_steady import (
     SHAPE,
+    dump_pairs,
     make_problems,
     paired_rounds,
     print_pairs,
@@ -126,11 +126,7 @@ def main() -> None:
     for k, v in notes.items():
         print("note:", k, v)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"times": {f"{p} | {n}": v for (p, n), v in times.items()},
-                       "ratios": {f"{p} | {n}": v for (p, n), v in ratios.items()},
-                       "dense": dense_ms, "notes": notes, "pack": pack,
-                       "device": torch.cuda.get_device_name()}, f, indent=1)
+        dump_pairs(args.json, times, ratios, dense_ms, notes, pack=pack)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,16 @@ def verify(cands: dict[str, Callable[[], Callable[[], object]]], ref: torch.Tens
             notes[f"{prob} {name}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+def dump_pairs(path: str, times: dict, ratios: dict, dense_ms: dict, notes: dict,
+               **extra: object) -> None:
+    """``paired_rounds``' raw results (and ``extra``) as JSON, keys "routing | variant"."""
+    with open(path, "w") as f:
+        json.dump({"times": {f"{p} | {n}": v for (p, n), v in times.items()},
+                   "ratios": {f"{p} | {n}": v for (p, n), v in ratios.items()},
+                   "dense": dense_ms, "notes": notes, **extra,
+                   "device": torch.cuda.get_device_name()}, f, indent=1)
+
+
 def print_pairs(times: dict, ratios: dict, rounds: int, rep: int) -> None:
     """``paired_rounds``' results as a markdown table: median time and median ratio."""
     print(f"\n{torch.cuda.get_device_name()}, {rounds} rounds, rep {rep} ms\n")
@@ -158,11 +168,7 @@ def main() -> None:
     for k, v in notes.items():
         print("note:", k, v)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"times": {f"{p} | {n}": v for (p, n), v in times.items()},
-                       "ratios": {f"{p} | {n}": v for (p, n), v in ratios.items()},
-                       "dense": dense_ms, "notes": notes, "configs": CONFIGS,
-                       "device": torch.cuda.get_device_name()}, f, indent=1)
+        dump_pairs(args.json, times, ratios, dense_ms, notes, configs=CONFIGS)
 
 
 if __name__ == "__main__":
