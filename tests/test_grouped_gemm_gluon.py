@@ -5,7 +5,12 @@ reference at the MoE shape, with empty experts, an empty problem and in a CUDA g
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +20,7 @@ from harness.kernel_api import DeviceSpec
 from kernels import grouped_gemm
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
 
+ROOT = Path(__file__).resolve().parent.parent
 KERNEL = GroupedGemm()
 H100 = DeviceSpec(key="H100", vendor="nvidia", sm_count=132, smem_per_block=227 * 1024,
                   has_tma=True, has_wgmma=True)
@@ -102,26 +108,56 @@ def _compile_sm90(launch: grouped_gemm.Launch) -> triton.compiler.CompiledKernel
                           options={"num_warps": launch.meta["num_warps"]})
 
 
-@needs_gluon
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: str(sorted(c.items())))
-def test_compiles_for_sm90_without_a_gpu(config: dict) -> None:
-    """The kernel the launcher would run at the MoE shape (CPU tensors stand in: only
-    their types and the descriptors' boxes reach the compiler) builds for sm_90 into TMA
-    loads and wgmma; with TMA_STORE, a TMA store too."""
-    assert KERNEL.check_config(config, MOE, H100) is None
+def sm90_features(configs: list[dict]) -> list[dict]:
+    """Each config's GEMM launch at the MoE shape, as the launcher builds it (CPU tensors
+    stand in: only their types and the descriptors' boxes reach the compiler), compiled
+    for sm_90: its launch names and grid, and what its PTX holds."""
     counts = KERNEL.routing_counts(MOE, seed=0)
     a = torch.empty(MOE["M"], MOE["K"], dtype=torch.bfloat16)
     w = torch.empty(MOE["E"], MOE["N"], MOE["K"], dtype=torch.bfloat16)
     offs = torch.tensor(grouped_gemm.counts_to_offsets(counts), dtype=torch.int32)
-    launches, out = KERNEL._launches({"a": a, "w": w, "offsets": offs}, config)
-    assert [lc.fn.__name__ for lc in launches] == ["_block_table_kernel",
-                                                   "grouped_gemm_gluon_kernel"]
-    assert launches[1].grid == (4,)  # one program per SM; the CPU stands in with 4
-    ptx = _compile_sm90(launches[1]).asm["ptx"]
-    assert re.search(r"wgmma\.mma_async", ptx)
-    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx)
-    stores = re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)
-    assert bool(stores) == bool(config.get("TMA_STORE"))
+    out = []
+    for config in configs:
+        launches, _ = KERNEL._launches({"a": a, "w": w, "offsets": offs}, config)
+        ptx = _compile_sm90(launches[1]).asm["ptx"]
+        out.append({
+            "launches": [lc.fn.__name__ for lc in launches], "grid": list(launches[1].grid),
+            "wgmma": bool(re.search(r"wgmma\.mma_async", ptx)),
+            "tma_load": bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx)),
+            "tma_store": bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)),
+        })
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled_sm90(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """``sm90_features(CONFIGS)`` from a fresh process and an empty Triton cache: the
+    compile really runs (a cache hit would skip it), and no state of this process's
+    earlier tests reaches it (after the interpreter-run tests of test_grouped_gemm.py,
+    an in-process Gluon compile failed on Triton 3.9 with "'block_argument' object has
+    no attribute 'dtype'"; alone it compiles)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    code = ("import json; from tests.test_grouped_gemm_gluon import CONFIGS, sm90_features; "
+            "print(json.dumps(sm90_features(CONFIGS)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_gluon
+@pytest.mark.parametrize("i", range(len(CONFIGS)), ids=lambda i: str(sorted(CONFIGS[i].items())))
+def test_compiles_for_sm90_without_a_gpu(i: int, compiled_sm90: list[dict]) -> None:
+    """The launch the launcher would run at the MoE shape builds for sm_90 into TMA loads
+    and wgmma; with TMA_STORE, TMA stores too."""
+    config = CONFIGS[i]
+    assert KERNEL.check_config(config, MOE, H100) is None
+    got = compiled_sm90[i]
+    assert got["launches"] == ["_block_table_kernel", "grouped_gemm_gluon_kernel"]
+    assert got["grid"] == [4]  # one program per SM; the CPU stands in with 4
+    assert got["wgmma"] and got["tma_load"]
+    assert got["tma_store"] == bool(config.get("TMA_STORE"))
 
 
 # -- on a Hopper GPU -----------------------------------------------------------------------
