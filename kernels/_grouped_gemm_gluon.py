@@ -213,8 +213,8 @@ def grouped_gemm_gluon_kernel(
     P = gl.num_programs(0)
     num_pid_m = gl.load(table_ptr + 4 * NB)
     counter_ptr = table_ptr + 4 * NB + 1
-    total = num_pid_m * gl.cdiv(N, BN)
     num_pid_n = gl.cdiv(N, BN)
+    total = num_pid_m * num_pid_n
     k_tiles = gl.cdiv(K, BK)
 
     dtype: gl.constexpr = a_desc.dtype

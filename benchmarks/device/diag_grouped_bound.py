@@ -30,18 +30,14 @@ import torch
 from benchmarks.device.diag_grouped_steady import (
     SHAPE,
     dump_pairs,
+    equal_rows,
     make_problems,
     paired_rounds,
     print_pairs,
     verify,
 )
 from harness import packs
-from kernels.grouped_gemm import (
-    GroupedGemm,
-    _dense_baseline,
-    _grouped_mm_baseline,
-    make_grouped_inputs,
-)
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline, _grouped_mm_baseline
 
 ROWS = (704, 736, 760, 768, 776, 800, 832)
 
@@ -62,14 +58,10 @@ def bmm(inputs: dict, shared: bool) -> tuple[object, torch.Tensor]:
 def study_rows(fam: GroupedGemm, pack: dict, rounds: int, rep: int) -> None:
     """Every expert r rows, for each r in ROWS: bmm, the pack and torch._grouped_mm beside
     dense cuBLAS of the same M."""
-    N, K, E = SHAPE["N"], SHAPE["K"], SHAPE["E"]
     fns: dict = {}
     dense: dict = {}
     notes: dict = {}
-    for r in ROWS:
-        prob = f"{r} rows x {E}"
-        shape = {**SHAPE, "M": r * E}
-        inputs = make_grouped_inputs([r] * E, N, K, "bf16", seed=r, device="cuda")
+    for prob, (inputs, shape) in equal_rows(ROWS).items():
         ref = fam.reference(inputs, shape)
         verify({"pack": lambda i=inputs, s=shape: fam.launcher(i, s, pack),
                 "torch._grouped_mm": lambda i=inputs, s=shape: _grouped_mm_baseline(i, s)},

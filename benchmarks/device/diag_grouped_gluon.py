@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.device.diag_grouped_steady import SHAPE, make_problems
+from benchmarks.device.diag_grouped_steady import SHAPE, equal_rows, make_problems
 from benchmarks.device.diag_grouped_waves import pairs
 from harness import packs
-from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
+from kernels.grouped_gemm import GroupedGemm
 
 ROWS = (64, 128, 256, 768, 800, 832)
 
@@ -53,12 +53,7 @@ def main() -> None:
         configs = {k: v for k, v in configs.items() if k in keep or k == "pack (Triton)"}
     studies = args.study.split(",")
     if "rows" in studies:
-        rows = {}
-        for r in ROWS:
-            shape = {**SHAPE, "M": r * SHAPE["E"]}
-            rows[f"{r} rows x {SHAPE['E']}"] = (make_grouped_inputs(
-                [r] * SHAPE["E"], SHAPE["N"], SHAPE["K"], "bf16", seed=r, device="cuda"), shape)
-        pairs(fam, rows, configs, args.rounds, args.rep)
+        pairs(fam, equal_rows(ROWS), configs, args.rounds, args.rep)
     if "main" in studies:
         problems = {name: (inputs, SHAPE) for name, inputs in make_problems(fam).items()}
         pairs(fam, problems, configs, args.rounds, args.rep)

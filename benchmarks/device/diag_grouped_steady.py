@@ -70,6 +70,15 @@ def make_problems(fam: GroupedGemm) -> dict[str, dict]:
     }
 
 
+def equal_rows(rows: tuple[int, ...]) -> dict[str, tuple[dict, dict]]:
+    """Problems with every expert the same r rows (M = E r), for each r: name -> (inputs
+    on the GPU, shape)."""
+    N, K, E = SHAPE["N"], SHAPE["K"], SHAPE["E"]
+    return {f"{r} rows x {E}": (make_grouped_inputs([r] * E, N, K, "bf16", seed=r,
+                                                    device="cuda"), {**SHAPE, "M": r * E})
+            for r in rows}
+
+
 def paired_rounds(
     fns: dict[tuple[str, str], Callable[[], object]],
     dense: dict[str, Callable[[], object]],
