@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from harness import hardware, kernel_api, packs
+from harness import hardware, jsonsafe, kernel_api, packs
 from harness.measure import Measurer, Timing, TrialResult, device_peaks, roofline_ms
 
 CASES_FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "cases.yaml"
@@ -390,5 +390,5 @@ def _decorator_cost(where: Path, budget_s: float, cost: CostSettings) -> dict[st
 def _write(out_dir: str | Path, hw: str, report: dict[str, Any]) -> None:
     d = Path(out_dir) / hw
     d.mkdir(parents=True, exist_ok=True)
-    (d / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+    (d / "bench.json").write_text(jsonsafe.dumps(report, indent=1, default=str))
     (d / "bench.md").write_text(markdown(report))

@@ -7,7 +7,6 @@ Exit codes: 0 success, 2 bad input (experiment file, arguments), 3 no usable har
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -17,6 +16,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from harness import jsonsafe
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_HARDWARE = 3
@@ -81,7 +82,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     summary.tracking_uri = redact(summary.tracking_uri)
     summary.events = [redact(e) for e in summary.events]
     if args.json:
-        print(json.dumps({
+        print(jsonsafe.dumps({
             "rows": summary.rows, "packs": summary.packs,
             "missing_hardware": summary.missing_hardware,
             "interpreted": summary.interpreted, "mlflow_parent_run_id": summary.parent_run_id,

@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from harness import kernel_api, spaces
 from harness.experiment import SearchSettings, StudySpec
+from harness.jsonsafe import json_safe
 from harness.kernel_api import DeviceSpec
 from harness.measure import TrialResult
 from harness.sqlite_commits import fast_commits
@@ -300,7 +301,7 @@ class Search:
         if not result.ok:
             trial.set_user_attr(ATTR_REASON, result.reason)
         trial.set_user_attr(ATTR_STATUS, "measured" if result.ok else "failed")
-        trial.set_user_attr(ATTR_RESULT, _jsonable(result.to_dict()))
+        trial.set_user_attr(ATTR_RESULT, json_safe(result.to_dict()))
         if result.ok:
             self._seen[key] = result.latency_ms
             self.study.tell(trial, result.latency_ms)
@@ -385,18 +386,8 @@ class Search:
                 if t.user_attrs.get(ATTR_STATUS) == "failed"]
 
     def set_attr(self, key: str, value: Any) -> None:
-        self.study.set_user_attr(key, _jsonable(value))
+        # Optuna stores attrs as JSON: NaN goes in as None.
+        self.study.set_user_attr(key, json_safe(value))
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.study.user_attrs.get(key, default)
-
-
-def _jsonable(value: Any) -> Any:
-    """Optuna stores attrs as JSON: NaN becomes None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value

@@ -38,7 +38,9 @@ def bench_run(tmp_path_factory) -> tuple[Path, dict]:
         capture_output=True, text=True, timeout=600, cwd=tmp,
         env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out / "cpu", json.loads((out / "cpu" / "bench.json").read_text())
+    # Strict JSON: a figure the run lacks is null, not NaN (jq and browsers refuse NaN).
+    text = (out / "cpu" / "bench.json").read_text()
+    return out / "cpu", json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in bench.json"))
 
 
 def test_bench_measures_the_case_against_its_baselines(bench_run) -> None:

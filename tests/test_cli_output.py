@@ -36,7 +36,10 @@ def fake_run(tmp_path, monkeypatch):
         seen["progress"], seen["overrides"] = progress, list(overrides)
         seen["started_at"] = started_at
         logging.getLogger("harness.run").warning("connecting with key %s to %s", secret, URI)
-        return Summary(rows=[dict(ROW)], packs=["packs/cpu/grouped_gemm.json"],
+        # A speedup with no baseline is NaN in the summary (the table prints "-").
+        return Summary(rows=[dict(ROW), {**ROW, "speedup_vs_compile": float("nan"),
+                                         "search_ms": float("inf")}],
+                       packs=["packs/cpu/grouped_gemm.json"],
                        interpreted=True, parent_run_id="p123", tracking_uri=URI,
                        events=[f"worker said {secret}"], wall_s=1.0, held_s=1.0,
                        timing_s=0.5, timing_fraction=0.5,
@@ -89,8 +92,10 @@ def test_json(fake_run, capsys):
     exp, secret, seen = fake_run
     rc, out, err = _main(capsys, "run", str(exp), "--json")
     assert rc == 0 and seen["progress"] is False
-    data = json.loads(out)  # stdout is JSON only
+    # stdout is strict JSON only: a value the run lacks is null, never NaN
+    data = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
     assert data["rows"][0]["speedup_vs_compile"] == 1.25
+    assert data["rows"][1]["speedup_vs_compile"] is None and data["rows"][1]["search_ms"] is None
     assert data["tracking_uri"] == "postgresql://mlflow:***@db.internal:5432/mlflow"
     assert data["mlflow_parent_run_id"] == "p123" and data["interpreted"] is True
     assert secret not in out and "hunter2-pw" not in out
