@@ -13,12 +13,17 @@ reference. Each variant is timed right before dense cuBLAS, median of adjacent-p
 (``diag_grouped_steady``'s pairing); every output is checked against an fp32 reference
 first.
 
+Study ``kernels``: which cuBLAS kernel the batched GEMM runs for each row count of
+``rows`` (torch.profiler), its time per launch and its time per row against 768 rows:
+whether cuBLAS pays for its tails as whole tiles or picks a tile that fits.
+
 Study ``rows``: every expert the same r rows, r from 704 to 832 (M = 64 r), so that cuBLAS's
 batched GEMM runs problems with tails too (r not a multiple of its tile): what tails cost
 the vendor's kernel, beside what they cost the harness's (this GPU's pack) and
 torch._grouped_mm; dense cuBLAS at each M.
 
-    python3 benchmarks/device/diag_grouped_bound.py [--study bound,rows] [--rounds 7] [--rep 200]
+    python3 benchmarks/device/diag_grouped_bound.py [--study bound,rows,kernels] \
+        [--rounds 7] [--rep 200]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+import triton
 
 from benchmarks.device.diag_grouped_steady import (
     SHAPE,
@@ -77,6 +83,28 @@ def study_rows(fam: GroupedGemm, pack: dict, rounds: int, rep: int) -> None:
         print("note:", k, v)
 
 
+def study_kernels() -> None:
+    """cuBLAS's batched-GEMM kernel for every row count of ROWS, from the profiler, with
+    its time per launch and per row (768 rows = 1)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seen = []
+    for prob, (inputs, _shape) in equal_rows(ROWS).items():
+        fn, _ = bmm(inputs, False)
+        r = inputs["a"].shape[0] // inputs["w"].shape[0]
+        ms = triton.testing.do_bench(fn, warmup=25, rep=100)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+        names = sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
+        seen.append((prob, r, ms, names))
+    base = next((ms / r for _, r, ms, _ in seen if r == 768), seen[0][2] / seen[0][1])
+    for prob, r, ms, names in seen:
+        print(f"{prob}: {ms:.4f} ms, time per row / 768 rows' {ms / r / base:.3f}; "
+              f"kernels: {names}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--study", default="bound")
@@ -88,6 +116,8 @@ def main() -> None:
     hit = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
     pack = dict(hit.config)
     studies = args.study.split(",")
+    if "kernels" in studies:
+        study_kernels()
     if "rows" in studies:
         print(f"pack config: {pack}")
         study_rows(fam, pack, args.rounds, args.rep)
