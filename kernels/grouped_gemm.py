@@ -397,6 +397,7 @@ def _gemm_tile_tma(
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     WARP_SPEC_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     """The output tile at (m0, n0) of ``expert`` with TMA loads: ``a_desc`` covers
     A [M, K] in [BLOCK_M, BLOCK_K] boxes, ``w_desc`` covers W viewed as [E*N, K] in
@@ -405,21 +406,36 @@ def _gemm_tile_tma(
     at the store; rows and K columns past the tensors' ends are zero-filled by the
     hardware. With TMA_STORE, a tile whose rows all belong to its expert is written by
     ``out_desc`` (columns past N are clipped by the hardware); an expert's last, partial
-    tile keeps the masked store."""
+    tile keeps the masked store.
+
+    SWAP_AB computes the tile transposed, W_tile @ A_tile^T, so that the rows of A are
+    wgmma's N (up to 256 wide in one instruction) and W's rows its M: each wgmma then
+    reads its W slice once for all BLOCK_M rows instead of once per 64 of them. The
+    accumulator is transposed back before the store."""
     # TMA coordinates are int32: E*N and M stay far below 2**31 rows.
     w_row = expert * N + n0
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC_K):
         a = a_desc.load([m0, k * BLOCK_K])
         b = w_desc.load([w_row, k * BLOCK_K])
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if IEEE:
+        if SWAP_AB:
+            if IEEE:
+                acc_t = tl.dot(b, tl.trans(a), acc_t, input_precision="ieee")
+            else:
+                acc_t = tl.dot(b, tl.trans(a), acc_t)
+        elif IEEE:
             acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, tl.trans(b), acc)
+    if SWAP_AB:
+        acc = tl.trans(acc_t)
 
     c = acc.to(out_ptr.dtype.element_ty)
     if TMA_STORE and m0 + BLOCK_M <= row_end:
@@ -441,6 +457,7 @@ def _gemm_tile_tma_any(
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
     A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
@@ -454,19 +471,19 @@ def _gemm_tile_tma_any(
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     else:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, UPCAST, IEEE,
-                       WARP_SPEC_K)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
 
 
 @triton.jit
@@ -499,6 +516,7 @@ def _grouped_gemm_tma_kernel(
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     WARP_SPEC: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     """USE_TMA=1: the same tile mapping as ``_grouped_gemm_kernel``, host-built tensor
     descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A, W and out.
@@ -522,7 +540,7 @@ def _grouped_gemm_tma_kernel(
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
-                False,
+                False, SWAP_AB,
             )  # fmt: skip
     else:
         if pid < total_tiles:
@@ -531,7 +549,7 @@ def _grouped_gemm_tma_kernel(
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
-                WARP_SPEC,
+                WARP_SPEC, SWAP_AB,
             )  # fmt: skip
 
 
@@ -637,6 +655,7 @@ class GroupedGemm(Launches, Kernel):
         "BLOCK_TABLE": 0,
         "TAIL_WINDOW": 0,
         "GLUON": 0,
+        "SWAP_AB": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -776,6 +795,7 @@ class GroupedGemm(Launches, Kernel):
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
+                "SWAP_AB": bool(int(cfg["SWAP_AB"])),
             }
             launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
             return launches, out
@@ -932,6 +952,8 @@ class GroupedGemm(Launches, Kernel):
             return "FLATTEN=1 needs USE_TMA=1 and PERSISTENT=1"
         if tma_store and not int(cfg.get("USE_TMA", 0)):
             return "TMA_STORE=1 needs USE_TMA=1"
+        if int(cfg["SWAP_AB"]) and (not int(cfg.get("USE_TMA", 0)) or int(cfg["GLUON"])):
+            return "SWAP_AB=1 needs USE_TMA=1 and GLUON=0 (the Triton TMA kernel)"
         if flatten and tma_store and _FLATTEN_STORE_BROKEN and not device.interpreted:
             return (f"FLATTEN=1 with TMA_STORE=1: Triton {triton.__version__} cannot fuse the "
                     "loops around the conditional store")
