@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from harness import spaces
 from harness.kernel_api import DeviceSpec, get
@@ -22,6 +28,7 @@ MI300 = DeviceSpec(key="MI300X", vendor="amd", sm_count=304, smem_per_block=64 *
 CPU = DeviceSpec(key="cpu", vendor="cpu", interpreted=True)
 
 KERNEL = GroupedGemm()
+ROOT = Path(__file__).resolve().parents[1]
 
 # Every tile choice passes check_config at this shape (N, K pad to 256), while N, K and
 # every expert's rows end off the tile grid; experts 0, 2 and 5 are empty (first, middle,
@@ -90,6 +97,10 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         assert "wgmma" in KERNEL.check_config(
             {**config, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1}, shape, CPU)
         return
+    if name == "SWAP_AB" and value:
+        # An option of the Triton TMA kernel: alone it is pruned (tested below).
+        assert "USE_TMA" in KERNEL.check_config(config, shape, H100)
+        config.update(USE_TMA=1)
     if name == "TAIL_WINDOW" and value:
         # The window orders the table's split tails (tested below).
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
@@ -289,6 +300,85 @@ def test_warp_spec_matches_pointer_path(persistent: int, fp16_inputs: dict) -> N
     base = {**KERNEL.default_config, "PERSISTENT": persistent}
     out_ws = _check(fp16_inputs, shape, {**base, "USE_TMA": 1, "WARP_SPEC": 1}, "fp16").clone()
     assert torch.equal(out_ws, KERNEL.launcher(fp16_inputs, shape, base)())
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"PERSISTENT": 1}, {"TMA_STORE": 1},
+    {"BLOCK_M": 128, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
+    {"BLOCK_M": 128, "TAIL_SPLIT": 1, "PERSISTENT": 1, "WARP_SPEC": 1},
+    {"BLOCK_M": 128, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "TAIL_WINDOW": 2, "TMA_STORE": 1},
+], ids=str)
+def test_swap_ab(extra: dict, fp16_inputs: dict) -> None:
+    """SWAP_AB computes every tile height transposed (W_tile @ A_tile^T) and transposes
+    it back before the store: the reference's result on ragged experts, empty ones and
+    N, K off the tile grid, with the full, half and quarter tiles and the TMA store."""
+    shape = _shape(COUNTS, N_, K_)
+    base = {**KERNEL.default_config, "USE_TMA": 1, "BLOCK_N": 64, **extra}
+    swapped = _check(fp16_inputs, shape, {**base, "SWAP_AB": 1}, "fp16")
+    plain = KERNEL.launcher(fp16_inputs, shape, base)()
+    # The same products summed in the same K order: only fp32 rounding may differ.
+    torch.testing.assert_close(swapped, plain, atol=2e-3, rtol=2e-3)
+
+
+def test_swap_ab_pruning() -> None:
+    seed = KERNEL.shapes["deepseek-v3-16b"]
+    assert KERNEL.check_config({"USE_TMA": 1, "SWAP_AB": 1}, seed, H100) is None
+    assert "USE_TMA" in KERNEL.check_config({"SWAP_AB": 1}, seed, H100)
+    gluon = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "GLUON": 1, "SWAP_AB": 1}
+    assert "GLUON=0" in KERNEL.check_config(gluon, seed, H100)
+
+
+# The H200 pack's config (session 14).
+PACK_H200 = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
+             "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2,
+             "BLOCK_TABLE": 1, "TAIL_WINDOW": 4}
+
+
+def wgmma_shapes(configs: list[dict]) -> list[list[str]]:
+    """The wgmma instruction shapes (e.g. "m64n256k16") in the PTX of each config's GEMM
+    launch at the MoE shape, compiled for sm_90 without a GPU (CPU tensors stand in)."""
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    shape = KERNEL.shapes["deepseek-v3-16b"]
+    counts = KERNEL.routing_counts(shape, seed=0)
+    inputs = {"a": torch.empty(shape["M"], shape["K"], dtype=torch.bfloat16),
+              "w": torch.empty(shape["E"], shape["N"], shape["K"], dtype=torch.bfloat16),
+              "offsets": torch.tensor(grouped_gemm.counts_to_offsets(counts), dtype=torch.int32)}
+    out = []
+    for config in configs:
+        launch = KERNEL._launches(inputs, config)[0][-1]
+        fn = launch.fn
+        sig = {n: mangle_type(v) for n, v in zip(fn.arg_names, launch.args, strict=False)}
+        consts = {k: v for k, v in launch.meta.items() if k in fn.arg_names}
+        sig.update({k: "constexpr" for k in consts})
+        kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=consts),
+                                target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": launch.meta["num_warps"],
+                                         "num_stages": launch.meta["num_stages"]})
+        ptx = kernel.asm["ptx"]
+        out.append(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)",
+                                          ptx))))
+    return out
+
+
+def test_swap_ab_puts_the_rows_on_wgmmas_n(tmp_path: Path) -> None:
+    """Compiled for sm_90 (no GPU needed; a fresh process and Triton cache, so the compile
+    runs and no interpreter state reaches it): with SWAP_AB the pack's 256-row tile is
+    m64n256k16, without it two m64n128k16 per warp group."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    code = ("import json; from tests.test_grouped_gemm import PACK_H200, wgmma_shapes; "
+            "print(json.dumps(wgmma_shapes([PACK_H200, {**PACK_H200, 'SWAP_AB': 1}])))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    plain, swapped = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "m64n256k16" in swapped and "m64n256k16" not in plain
+    assert "m64n128k16" in plain
 
 
 @pytest.mark.parametrize("use_tma,persistent,tma_store",
@@ -564,6 +654,13 @@ TMA_CONFIGS = [
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
      "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 1, "BLOCK_TABLE": 1,
      "TAIL_WINDOW": 64, "WARP_SPEC": 1},
+    # Tiles computed transposed (session 16): the pack's config, with the TMA store and
+    # 3 stages, and persistent with warp specialization.
+    {**PACK_H200, "SWAP_AB": 1},
+    {**PACK_H200, "SWAP_AB": 1, "TMA_STORE": 1, "num_stages": 3},
+    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
+     "WARP_SPEC": 1, "SWAP_AB": 1},
 ]  # fmt: skip
 
 
@@ -594,7 +691,9 @@ def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
                                    {"WARP_SPEC": 1, "PERSISTENT": 0},
                                    {"TAIL_SPLIT": 1, "PERSISTENT": 0},
                                    {"BLOCK_TABLE": 1}, {"BLOCK_TABLE": 1, "PERSISTENT": 0},
-                                   {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "PERSISTENT": 0}],
+                                   {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "PERSISTENT": 0},
+                                   {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "PERSISTENT": 0,
+                                    "SWAP_AB": 1}],
                          ids=str)
 def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> None:
     counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
