@@ -74,7 +74,7 @@ def _expert_rows(offs_ptr, E, E_PAD: tl.constexpr):
 def _block_table_kernel(
     offs_ptr, table_ptr, E, NB,
     E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr,
-    TAIL_WINDOW: tl.constexpr, CHUNK: tl.constexpr,
+    TAIL_WINDOW: tl.constexpr, CHUNK: tl.constexpr, TAIL_FINE: tl.constexpr = 0,
 ):
     """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
     its expert (-1 past the real blocks), first row, the expert's end row and its height
@@ -86,7 +86,11 @@ def _block_table_kernel(
     by pieces of BLOCK_M/2, BLOCK_M/4, ... (classes 1, 2, ..., down to BLOCK_M >>
     TAIL_SPLIT rows): the set bits of u = ceil(r / (BLOCK_M >> TAIL_SPLIT)), largest
     first; a remainder that needs every piece is one full block instead. The padding is
-    then under BLOCK_M >> TAIL_SPLIT rows per expert.
+    then under BLOCK_M >> TAIL_SPLIT rows per expert. With TAIL_FINE = f, an expert's
+    smallest piece shrinks to BLOCK_M >> (TAIL_SPLIT + 1) or ... >> (TAIL_SPLIT + f) rows
+    where its real rows fit (classes TAIL_SPLIT + 1 ...; it keeps its place in the
+    order): the padding is then under BLOCK_M >> (TAIL_SPLIT + f) rows, with no more
+    pieces than before.
 
     Blocks run expert by expert, each expert's largest first; the last TAIL_WINDOW
     experts' blocks run class by class instead (all their full blocks, then their halves,
@@ -105,6 +109,13 @@ def _block_table_kernel(
     nblk = n_full
     for c in tl.static_range(1, TAIL_SPLIT + 1):
         nblk += (pieces >> (TAIL_SPLIT - c)) & 1
+    # The class the smallest piece (class TAIL_SPLIT) runs at: its real rows are what the
+    # larger pieces leave of the remainder.
+    h_last = tl.zeros_like(starts) + TAIL_SPLIT
+    if TAIL_FINE:
+        left = ends - starts - full * BLOCK_M - (pieces >> 1) * (2 * GRAIN)
+        for f in tl.static_range(1, TAIL_FINE + 1):
+            h_last += (left <= (GRAIN >> f)).to(tl.int32)
 
     in_win = e_idx >= E - TAIL_WINDOW
     out_blk = tl.where(in_win, 0, nblk)
@@ -140,7 +151,10 @@ def _block_table_kernel(
         expert += tl.sum(tl.where(hit, e_idx[None, :], 0), 1)
         m0 += tl.sum(tl.where(hit, first, 0), 1)
         row_end += tl.sum(tl.where(hit, ends[None, :], 0), 1)
-        h += n_hit * c
+        if TAIL_FINE and c == TAIL_SPLIT and c > 0:
+            h += tl.sum(tl.where(hit, h_last[None, :], 0), 1)
+        else:
+            h += n_hit * c
         nxt += n_c
         w_pos += tl.sum(w_n, 0)
         if c > 0:
@@ -451,23 +465,33 @@ def _gemm_tile_tma(
 
 @triton.jit
 def _gemm_tile_tma_any(
-    tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
-    e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
+    tile, a_desc, a_half, a_quarter, a_fine, w_desc, w_half, out_desc, out_ptr, N, K,
+    stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
-    SWAP_AB: tl.constexpr,
+    SWAP_AB: tl.constexpr, TAIL_FINE: tl.constexpr,
 ):
     """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
     A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
-    smaller tiles keep the masked store: ``out_desc``'s box is the full tile's)."""
+    smaller tiles keep the masked store: ``out_desc``'s box is the full tile's). With
+    TAIL_FINE (TAIL_SPLIT=2), an expert's last quarter piece runs BLOCK_M/8 or /16 rows
+    high where its rows fit (the table's classes 3 and 4; ``a_fine`` = the two boxes)."""
     expert, m0, row_end, n0, h = _tile_map(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
     if expert < 0:
         pass
+    elif TAIL_FINE >= 2 and h == 4:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_fine[1], w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M // 16, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
+    elif TAIL_FINE >= 1 and h == 3:
+        _gemm_tile_tma(m0, n0, expert, row_end, a_fine[0], w_desc, out_desc, out_ptr, N, K,
+                       stride_om, BLOCK_M // 8, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
@@ -491,6 +515,8 @@ def _grouped_gemm_tma_kernel(
     a_desc,
     a_half,
     a_quarter,
+    a_eighth,
+    a_sixteenth,
     w_desc,
     w_half,
     out_desc,
@@ -517,6 +543,7 @@ def _grouped_gemm_tma_kernel(
     IEEE: tl.constexpr,
     WARP_SPEC: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    TAIL_FINE: tl.constexpr,
 ):
     """USE_TMA=1: the same tile mapping as ``_grouped_gemm_kernel``, host-built tensor
     descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A, W and out.
@@ -536,20 +563,22 @@ def _grouped_gemm_tma_kernel(
         for tile in tl.range(pid, total_tiles, NUM_PROGS, flatten=FLATTEN,
                              warp_specialize=WARP_SPEC):
             _gemm_tile_tma_any(
-                tile, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+                tile, a_desc, a_half, a_quarter, (a_eighth, a_sixteenth), w_desc, w_half,
+                out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
-                False, SWAP_AB,
+                False, SWAP_AB, TAIL_FINE,
             )  # fmt: skip
     else:
         if pid < total_tiles:
             _gemm_tile_tma_any(
-                pid, a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out_ptr, N, K, stride_om,
+                pid, a_desc, a_half, a_quarter, (a_eighth, a_sixteenth), w_desc, w_half,
+                out_desc, out_ptr, N, K, stride_om,
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
-                WARP_SPEC, SWAP_AB,
+                WARP_SPEC, SWAP_AB, TAIL_FINE,
             )  # fmt: skip
 
 
@@ -656,6 +685,7 @@ class GroupedGemm(Launches, Kernel):
         "TAIL_WINDOW": 0,
         "GLUON": 0,
         "SWAP_AB": 0,
+        "TAIL_FINE": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -725,6 +755,7 @@ class GroupedGemm(Launches, Kernel):
         bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
         persistent = int(cfg["PERSISTENT"])
         tail_split = int(cfg["TAIL_SPLIT"])
+        tail_fine = int(cfg["TAIL_FINE"])
         block_table = bool(int(cfg["BLOCK_TABLE"]))
         e_pad = max(2, _next_pow2(E))
 
@@ -746,6 +777,7 @@ class GroupedGemm(Launches, Kernel):
                 _block_table_kernel, (triton.cdiv(nb, chunk),), (offsets, table, E, nb),
                 {"E_PAD": e_pad, "BLOCK_M": bm, "TAIL_SPLIT": tail_split,
                  "TAIL_WINDOW": int(cfg["TAIL_WINDOW"]), "CHUNK": chunk,
+                 "TAIL_FINE": tail_fine,
                  "num_warps": 4},
             ))  # fmt: skip
 
@@ -788,14 +820,18 @@ class GroupedGemm(Launches, Kernel):
                 w_half = TensorDescriptor.from_tensor(w.view(E * N, K), [bn // 2, bk])
             if tail_split >= 2:
                 a_quarter = TensorDescriptor.from_tensor(a, [bm // 4, bk])
-            args = (a_desc, a_half, a_quarter, w_desc, w_half, out_desc, out, offsets, table,
-                    N, K, E, nb, out.stride(0), num_progs)
+            a_fine = [a_quarter, a_quarter]
+            for f in range(tail_fine):
+                a_fine[f] = TensorDescriptor.from_tensor(a, [bm >> (3 + f), bk])
+            args = (a_desc, a_half, a_quarter, *a_fine, w_desc, w_half, out_desc, out,
+                    offsets, table, N, K, E, nb, out.stride(0), num_progs)
             meta = {
                 **common,
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
                 "SWAP_AB": bool(int(cfg["SWAP_AB"])),
+                "TAIL_FINE": tail_fine,
             }
             launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
             return launches, out
@@ -979,6 +1015,16 @@ class GroupedGemm(Launches, Kernel):
                 return "TAIL_SPLIT=2 needs BLOCK_TABLE=1 (a tail of several pieces)"
             if flatten:
                 return "TAIL_SPLIT with FLATTEN=1: the flattened pipeline has one tile shape"
+        fine = int(cfg["TAIL_FINE"])
+        if fine:
+            # The quarter piece shrinks: the table's classes 3 and 4, TMA boxes of the
+            # Triton kernel.
+            if fine not in (1, 2):
+                return f"TAIL_FINE={fine}: 0, 1 (eighths) or 2 (eighths and sixteenths)"
+            if split != 2 or not int(cfg.get("USE_TMA", 0)) or int(cfg["GLUON"]):
+                return "TAIL_FINE needs TAIL_SPLIT=2, USE_TMA=1 and GLUON=0"
+            if bm >> (2 + fine) < 16:
+                return f"TAIL_FINE={fine}: BLOCK_M={bm} >> {2 + fine} is below 16"
         window = int(cfg["TAIL_WINDOW"])
         if window < 0:
             return f"TAIL_WINDOW={window}: must be >= 0"

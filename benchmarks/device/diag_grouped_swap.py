@@ -6,10 +6,12 @@ K step instead of two m64n128k16, so each W slice is read from shared memory onc
 all 256 rows (cuBLAS's batched kernels put the tokens on that side too:
 ``nvjet_sm90_tst_128x256_...``). The price is a transposed accumulator at the store.
 Problems: the three routings of ``diag_grouped_steady`` and, with ``--study rows``,
-every expert at 768 / 800 / 832 rows. Each variant timed right before dense cuBLAS;
+every expert at 768 / 776 / 800 / 832 rows. ``--study fine`` (with main and / or rows):
+the TAIL_FINE configs instead. Each variant timed right before dense cuBLAS;
 every output checked first.
 
-    python3 benchmarks/device/diag_grouped_swap.py [--study main,rows] [--rounds 5] [--rep 100]
+    python3 benchmarks/device/diag_grouped_swap.py [--study main,rows[,fine]] [--rounds 5] \
+        [--rep 100]
 """
 
 from __future__ import annotations
@@ -21,7 +23,22 @@ from benchmarks.device.diag_grouped_waves import pairs
 from harness import packs
 from kernels.grouped_gemm import GroupedGemm
 
-ROWS = (768, 800, 832)
+ROWS = (768, 776, 800, 832)
+
+
+def fine_configs() -> dict[str, dict]:
+    """TAIL_FINE (each expert's last quarter piece as 32 or 16 rows where they fit),
+    with and without SWAP_AB, beside the pack."""
+    pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
+    swap = {**pack, "SWAP_AB": 1}
+    return {
+        "pack": pack,
+        "pack, SWAP_AB": swap,
+        "pack, SWAP_AB, TAIL_FINE=1": {**swap, "TAIL_FINE": 1},
+        "pack, SWAP_AB, TAIL_FINE=2": {**swap, "TAIL_FINE": 2},
+        "pack, TAIL_FINE=2": {**pack, "TAIL_FINE": 2},
+        "pack, TMA store, SWAP_AB, TAIL_FINE=2": {**swap, "TMA_STORE": 1, "TAIL_FINE": 2},
+    }
 
 
 def configs() -> dict[str, dict]:
@@ -49,7 +66,7 @@ def main() -> None:
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     fam = GroupedGemm()
-    cfgs = configs()
+    cfgs = fine_configs() if "fine" in args.study.split(",") else configs()
     if args.only:
         keep = set(args.only.split(","))
         cfgs = {k: v for k, v in cfgs.items() if k in keep}
