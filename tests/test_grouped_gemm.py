@@ -101,6 +101,10 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         # An option of the Triton TMA kernel: alone it is pruned (tested below).
         assert "USE_TMA" in KERNEL.check_config(config, shape, H100)
         config.update(USE_TMA=1)
+    if name == "TAIL_FINE" and value:
+        # Fine pieces of the quarter tiles, in the TMA kernel (tested below).
+        assert "TAIL_SPLIT=2" in KERNEL.check_config(config, shape, H100)
+        config.update(USE_TMA=1, TAIL_SPLIT=2, BLOCK_TABLE=1, BLOCK_M=64 << value)
     if name == "TAIL_WINDOW" and value:
         # The window orders the table's split tails (tested below).
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
@@ -328,6 +332,31 @@ def test_swap_ab_pruning() -> None:
     assert "GLUON=0" in KERNEL.check_config(gluon, seed, H100)
 
 
+@pytest.mark.parametrize("extra", [
+    {"TAIL_FINE": 1}, {"TAIL_FINE": 2, "SWAP_AB": 1},
+    {"TAIL_FINE": 2, "PERSISTENT": 1, "TAIL_WINDOW": 4, "TMA_STORE": 1},
+], ids=str)
+def test_tail_fine(extra: dict) -> None:
+    """The last quarter pieces at 32 and 16 rows (256-row blocks): every expert's
+    remainder size around the boundaries, against the reference."""
+    counts = [1, 16, 17, 33, 64, 65, 80, 0, 200, 273, 290, 300, 256, 336]
+    inputs = make_grouped_inputs(counts, 64, 64, "fp16", seed=5, device="cpu")
+    config = {"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64, "USE_TMA": 1, "BLOCK_TABLE": 1,
+              "TAIL_SPLIT": 2, **extra}
+    _check(inputs, _shape(counts, 64, 64), config, "fp16")
+
+
+def test_tail_fine_pruning() -> None:
+    seed = KERNEL.shapes["deepseek-v3-16b"]
+    fine = {"USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "BLOCK_M": 256, "TAIL_FINE": 2}
+    assert KERNEL.check_config(fine, seed, H100) is None
+    assert "TAIL_SPLIT=2" in KERNEL.check_config({**fine, "TAIL_SPLIT": 1}, seed, H100)
+    assert "USE_TMA" in KERNEL.check_config({**fine, "USE_TMA": 0}, seed, H100)
+    assert "below 16" in KERNEL.check_config({**fine, "BLOCK_M": 128}, seed, H100)
+    assert KERNEL.check_config({**fine, "BLOCK_M": 128, "TAIL_FINE": 1}, seed, H100) is None
+    assert "0, 1" in KERNEL.check_config({**fine, "TAIL_FINE": 3}, seed, H100)
+
+
 # The H200 pack's config (session 14).
 PACK_H200 = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
              "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2,
@@ -368,17 +397,20 @@ def wgmma_shapes(configs: list[dict]) -> list[list[str]]:
 def test_swap_ab_puts_the_rows_on_wgmmas_n(tmp_path: Path) -> None:
     """Compiled for sm_90 (no GPU needed; a fresh process and Triton cache, so the compile
     runs and no interpreter state reaches it): with SWAP_AB the pack's 256-row tile is
-    m64n256k16, without it two m64n128k16 per warp group."""
+    m64n256k16, without it two m64n128k16 per warp group; TAIL_FINE adds n32 and n16."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     code = ("import json; from tests.test_grouped_gemm import PACK_H200, wgmma_shapes; "
-            "print(json.dumps(wgmma_shapes([PACK_H200, {**PACK_H200, 'SWAP_AB': 1}])))")
+            "print(json.dumps(wgmma_shapes([PACK_H200, {**PACK_H200, 'SWAP_AB': 1}, "
+            "{**PACK_H200, 'SWAP_AB': 1, 'TAIL_FINE': 2}])))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    plain, swapped = json.loads(proc.stdout.strip().splitlines()[-1])
+    plain, swapped, fine = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "m64n256k16" in swapped and "m64n256k16" not in plain
     assert "m64n128k16" in plain
+    # TAIL_FINE's 32- and 16-row pieces, on wgmma's N side: no padding to 64 rows.
+    assert {"m64n32k16", "m64n16k16"} <= set(fine) and "m64n32k16" not in swapped
 
 
 @pytest.mark.parametrize("use_tma,persistent,tma_store",
@@ -402,47 +434,63 @@ def test_tail_split_halves(use_tma: int, persistent: int, tma_store: int, n: int
     assert out.shape == (sum(counts), n)
 
 
-def _table_reference(counts: list[int], bm: int, split: int,
-                     window: int = 0) -> list[tuple[int, int, int]]:
+def _table_reference(counts: list[int], bm: int, split: int, window: int = 0,
+                     fine: int = 0) -> list[tuple[int, int, int]]:
     """(expert, first row, height) of every block the table should list, in order: expert
     by expert, except the last ``window`` experts' blocks, which come after all others
-    ordered by height (tallest first), then by expert."""
+    ordered by class (full, half, quarter: tallest first), then by expert. With
+    ``fine``, an expert's smallest piece is the smallest of grain, grain/2, ...,
+    grain/2**fine rows that holds its real rows (it keeps its class's place)."""
     grain, rows, out, last = bm >> split, 0, [], []
     for e, c in enumerate(counts):
         full, r = divmod(c, bm)
-        blocks = [(e, rows + i * bm, bm) for i in range(full)]
+        blocks = [(e, rows + i * bm, bm, 0) for i in range(full)]
         u = -(-r // grain)
         if u == 1 << split:
-            blocks.append((e, rows + full * bm, bm))
+            blocks.append((e, rows + full * bm, bm, 0))
         else:
             pos = rows + full * bm
             for k in reversed(range(split)):
                 if u >> k & 1:
-                    blocks.append((e, pos, grain << k))
+                    height = grain << k
+                    if k == 0 and split:
+                        left = rows + c - pos
+                        while fine and height > grain >> fine and left <= height // 2:
+                            height //= 2
+                    blocks.append((e, pos, height, split - k))
                     pos += grain << k
         (last if e >= len(counts) - window else out).extend(blocks)
         rows += c
-    # sorted() is stable: within a height, expert order and row order stay.
-    return out + sorted(last, key=lambda blk: -blk[2])
+    # sorted() is stable: within a class, expert order and row order stay.
+    return [b[:3] for b in out + sorted(last, key=lambda blk: blk[3])]
 
 
-@pytest.mark.parametrize("split,window", [(0, 0), (1, 0), (2, 0), (1, 5), (2, 6), (2, 14),
-                                          (2, 40)])
-def test_block_table_contents(split: int, window: int) -> None:
+@pytest.mark.parametrize("split,window,fine", [
+    (0, 0, 0), (1, 0, 0), (2, 0, 0), (1, 5, 0), (2, 6, 0), (2, 14, 0), (2, 40, 0),
+    (2, 0, 1), (2, 0, 2), (2, 6, 2)])
+def test_block_table_contents(split: int, window: int, fine: int) -> None:
     """The table kernel's blocks against a plain-Python decomposition: full blocks, then
     the remainder as halves/quarters (largest first), one full block when it needs all of
-    them; the last ``window`` experts' blocks by height; -1 past the real blocks and the
+    them; the last ``window`` experts' blocks by class; with TAIL_FINE the last quarter
+    piece at 1/8 or 1/16 of a block where its rows fit; -1 past the real blocks and the
     real count after the four rows. Padding is under one grain (BLOCK_M >> TAIL_SPLIT
     rows) per expert."""
     counts = [0, 1, 16, 17, 48, 49, 63, 64, 65, 0, 200, 128, 127, 0]
     bm = 64
+    if fine:
+        # 256-row blocks: quarter pieces of 64 rows, fine ones of 32 and 16, around
+        # every boundary.
+        counts = [0, 1, 16, 17, 32, 33, 64, 65, 200, 256, 257, 272, 273, 290, 320, 321,
+                  336, 384, 400, 500, 0, 12]
+        bm = 256
     inputs = make_grouped_inputs(counts, 32, 32, "fp32", seed=1, device="cpu")
     config = {"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 32, "BLOCK_TABLE": 1,
-              "TAIL_SPLIT": split, "TAIL_WINDOW": window}
+              "TAIL_SPLIT": split, "TAIL_WINDOW": window, "TAIL_FINE": fine,
+              "USE_TMA": int(fine > 0)}
     launches, _ = KERNEL._launches(inputs, config)
     launches[0]()
     table, nb = launches[0].args[1], launches[0].args[3]
-    want = _table_reference(counts, bm, split, window)
+    want = _table_reference(counts, bm, split, window, fine)
     n = len(want)
     got = list(zip(table[:n].tolist(), table[nb:nb + n].tolist(),
                    [bm >> h for h in table[3 * nb:3 * nb + n].tolist()], strict=True))
@@ -455,6 +503,11 @@ def test_block_table_contents(split: int, window: int) -> None:
     assert (table[n:nb] == -1).all() and int(table[4 * nb]) == n
     rows = sum(h for _, _, h in want)
     assert rows - sum(counts) < (bm >> split) * sum(1 for c in counts if c)
+    if fine:
+        # Fine pieces occur, pad less, and add no piece.
+        coarse = _table_reference(counts, bm, split, window)
+        assert {bm >> (2 + f) for f in range(1, fine + 1)} <= {h for _, _, h in want}
+        assert rows < sum(h for _, _, h in coarse) and len(want) == len(coarse)
 
 
 @pytest.mark.parametrize("use_tma,persistent,split,window", [
@@ -661,6 +714,9 @@ TMA_CONFIGS = [
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
      "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
      "WARP_SPEC": 1, "SWAP_AB": 1},
+    # Fine quarter pieces (session 16), transposed or not.
+    {**PACK_H200, "SWAP_AB": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "num_stages": 3},
+    {**PACK_H200, "TAIL_FINE": 1},
 ]  # fmt: skip
 
 
@@ -693,7 +749,9 @@ def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
                                    {"BLOCK_TABLE": 1}, {"BLOCK_TABLE": 1, "PERSISTENT": 0},
                                    {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "PERSISTENT": 0},
                                    {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "PERSISTENT": 0,
-                                    "SWAP_AB": 1}],
+                                    "SWAP_AB": 1},
+                                   {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "BLOCK_M": 256,
+                                    "TAIL_FINE": 2, "SWAP_AB": 1}],
                          ids=str)
 def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> None:
     counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
