@@ -9,10 +9,13 @@ offsets vector itself, turns the per-expert row counts into per-expert m-block c
 their prefix sum, and maps its virtual m-block to (expert, local block) from that. With
 BLOCK_TABLE a first, small launch does that mapping once for every m-block and writes it
 to a table the GEMM reads (and may split each expert's last rows into half and quarter
-tiles, TAIL_SPLIT); the launch count stays fixed, so CUDA graphs capture it as well.
-GLUON runs the table's tiles with the persistent Gluon kernel of
-``kernels/_grouped_gemm_gluon.py`` instead (Hopper only): each program takes its tiles at
-a fixed stride (GLUON=1) or from a counter, as it frees up (GLUON=2).
+tiles, TAIL_SPLIT, and the last quarter piece further into eighths or sixteenths where
+its rows fit, TAIL_FINE); the launch count stays fixed, so CUDA graphs capture it as well.
+In the TMA kernel, SWAP_AB computes each tile transposed so that the routed rows are
+wgmma's N side (m64n256k16 for a 256-row tile, n32 / n16 for fine pieces). GLUON runs
+the table's tiles with the persistent Gluon kernel of ``kernels/_grouped_gemm_gluon.py``
+instead (Hopper only): each program takes its tiles at a fixed stride (GLUON=1) or from
+a counter, as it frees up (GLUON=2).
 """
 
 from __future__ import annotations
