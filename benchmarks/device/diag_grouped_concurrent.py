@@ -22,10 +22,8 @@ import torch
 
 from benchmarks.device.diag_grouped_steady import (
     SHAPE,
-    dump_pairs,
     make_problems,
-    paired_rounds,
-    print_pairs,
+    time_and_report,
     verify,
 )
 from harness import packs
@@ -132,13 +130,9 @@ def main() -> None:
         verify({"tails alone": lambda i=ti, s=ts: fam.launcher(i, s, TAILS)}, ref_t, prob, fns,
                notes)
         dense[prob] = _dense_baseline(inputs, SHAPE)
-    times, ratios, dense_ms = paired_rounds(fns, dense, args.rounds, args.rep)
-    print_pairs(times, ratios, args.rounds, args.rep)
+    time_and_report(fns, dense, notes, args.rounds, args.rep, args.json, pack=pack,
+                    tails=TAILS)
     print(f"pack: {pack}\ntails: {TAILS}")
-    for k, v in notes.items():
-        print("note:", k, v)
-    if args.json:
-        dump_pairs(args.json, times, ratios, dense_ms, notes, pack=pack, tails=TAILS)
 
 
 if __name__ == "__main__":

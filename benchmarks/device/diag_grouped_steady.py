@@ -134,6 +134,19 @@ def print_pairs(times: dict, ratios: dict, rounds: int, rep: int) -> None:
               f"{statistics.median(ratios[(prob, name)]):.1%} |")
 
 
+def time_and_report(fns: dict, dense: dict, notes: dict[str, str], rounds: int, rep: int,
+                    json_path: str = "", **extra: object) -> tuple[dict, dict, dict]:
+    """``paired_rounds`` of the checked variants, printed as a table with the failures'
+    notes, and written as JSON to ``json_path`` (with ``extra``) when it is given."""
+    times, ratios, dense_ms = paired_rounds(fns, dense, rounds, rep)
+    print_pairs(times, ratios, rounds, rep)
+    for k, v in notes.items():
+        print("note:", k, v)
+    if json_path:
+        dump_pairs(json_path, times, ratios, dense_ms, notes, **extra)
+    return times, ratios, dense_ms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)

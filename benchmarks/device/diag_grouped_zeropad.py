@@ -25,10 +25,8 @@ import torch
 
 from benchmarks.device.diag_grouped_steady import (
     SHAPE,
-    dump_pairs,
     make_problems,
-    paired_rounds,
-    print_pairs,
+    time_and_report,
     verify,
 )
 from harness import packs
@@ -104,14 +102,10 @@ def main() -> None:
                            pref, prob, fns, notes)
                     del pref
         dense[prob] = _dense_baseline(inputs, SHAPE)
-    times, ratios, dense_ms = paired_rounds(fns, dense, args.rounds, args.rep)
-    print_pairs(times, ratios, args.rounds, args.rep)
+    _, _, dense_ms = time_and_report(fns, dense, notes, args.rounds, args.rep, args.json,
+                                     pack=pack, gluon=GLUON)
     for prob, xs in dense_ms.items():
         print(f"dense cuBLAS beside {prob}: median {sorted(xs)[len(xs) // 2]:.4f} ms")
-    for k, v in notes.items():
-        print("note:", k, v)
-    if args.json:
-        dump_pairs(args.json, times, ratios, dense_ms, notes, pack=pack, gluon=GLUON)
 
 
 if __name__ == "__main__":
