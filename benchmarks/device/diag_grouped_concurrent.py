@@ -11,7 +11,12 @@ other on one stream, or on two streams at once, the main kernel at 3 or 4 stages
 the shared memory for a tails CTA beside it: 147 + 72 KB); each against dense cuBLAS of
 the whole problem.
 
-    python3 benchmarks/device/diag_grouped_concurrent.py [--rounds 5] [--rep 100]
+Study ``ceiling``: the pack (and with SWAP_AB and the TMA store) on each routing without
+its quarter pieces' rows, and with full blocks only: what the rest runs at when the tails
+cost nothing.
+
+    python3 benchmarks/device/diag_grouped_concurrent.py [--study concurrent|ceiling] \
+        [--rounds 5] [--rep 100]
 """
 
 from __future__ import annotations
@@ -41,12 +46,13 @@ def quarter_rows(count: int, bm: int = 256) -> int:
     return 0 if u == 4 or not u & 1 else rem - (u >> 1) * 2 * grain
 
 
-def split_problem(inputs: dict) -> tuple[dict, dict, dict, dict]:
+def split_problem(inputs: dict, full_only: bool = False) -> tuple[dict, dict, dict, dict]:
     """(main inputs, main shape, tails inputs, tails shape): every expert's rows without,
-    and only, its quarter piece's rows, as two contiguous grouped problems."""
+    and only, its quarter piece's rows, as two contiguous grouped problems; with
+    ``full_only``, without / only everything past its last full 256-row block."""
     a, w, offs = inputs["a"], inputs["w"], inputs["offsets_host"]
     counts = [offs[e + 1] - offs[e] for e in range(len(offs) - 1)]
-    q = [quarter_rows(c) for c in counts]
+    q = [c % 256 if full_only else quarter_rows(c) for c in counts]
     main_rows = torch.cat([torch.arange(offs[e], offs[e + 1] - q[e]) for e in range(len(q))])
     tail_rows = torch.cat([torch.arange(offs[e + 1] - q[e], offs[e + 1]) for e in range(len(q))])
 
@@ -89,14 +95,48 @@ def both(fam: GroupedGemm, parts: tuple, main_cfg: dict, concurrent: bool,
     return run
 
 
+def ceiling(fam: GroupedGemm, pack: dict, rounds: int, rep: int, json_path: str) -> None:
+    """What the realistic routings' rows would run at with tails that cost nothing: the
+    pack and its SWAP_AB + TMA-store neighbour on each routing without its quarter
+    pieces' rows (full and half tiles left) and without any rows past the experts' last
+    full block (full tiles only), against dense cuBLAS of the whole problem."""
+    cfgs = {"pack": pack,
+            "pack, SWAP_AB, TMA store": {**pack, "SWAP_AB": 1, "TMA_STORE": 1},
+            "pack, SWAP_AB, TMA store, 3 stages": {**pack, "SWAP_AB": 1, "TMA_STORE": 1,
+                                                    "num_stages": 3}}
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict = {}
+    for prob, inputs in make_problems(fam).items():
+        if prob == "balanced":
+            continue
+        for what, full_only in (("whole routing", None), ("no quarter pieces", False),
+                                ("full blocks only", True)):
+            if full_only is None:
+                pi, ps = inputs, SHAPE
+            else:
+                pi, ps, _, _ = split_problem(inputs, full_only)
+            ref = fam.reference(pi, ps)
+            verify({f"{name}, {what} ({ps['M']} rows)":
+                    (lambda c=c, i=pi, s=ps: fam.launcher(i, s, c)) for name, c in cfgs.items()},
+                   ref, prob, fns, notes)
+            del ref
+        dense[prob] = _dense_baseline(inputs, SHAPE)
+    time_and_report(fns, dense, notes, rounds, rep, json_path, configs=cfgs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--json", default="")
+    ap.add_argument("--study", default="concurrent", help="concurrent or ceiling")
     args = ap.parse_args()
     fam = GroupedGemm()
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
+    if args.study == "ceiling":
+        ceiling(fam, pack, args.rounds, args.rep, args.json)
+        return
     fns: dict = {}
     dense: dict = {}
     notes: dict = {}
