@@ -13,9 +13,11 @@ the whole problem.
 
 Study ``ceiling``: the pack (and with SWAP_AB and the TMA store) on each routing without
 its quarter pieces' rows, and with full blocks only: what the rest runs at when the tails
-cost nothing.
+cost nothing. Study ``order``: the same routings with their experts permuted (by size,
+alternating largest and smallest, shuffled): whether the order in which the experts'
+weights are met matters.
 
-    python3 benchmarks/device/diag_grouped_concurrent.py [--study concurrent|ceiling] \
+    python3 benchmarks/device/diag_grouped_concurrent.py [--study concurrent|ceiling|order] \
         [--rounds 5] [--rep 100]
 """
 
@@ -125,17 +127,63 @@ def ceiling(fam: GroupedGemm, pack: dict, rounds: int, rep: int, json_path: str)
     time_and_report(fns, dense, notes, rounds, rep, json_path, configs=cfgs)
 
 
+def reordered(inputs: dict, order: list[int]) -> dict:
+    """The same grouped problem with its experts in ``order`` (A's row groups and W's
+    experts permuted together): the same work, the experts met in another order."""
+    a, w, offs = inputs["a"], inputs["w"], inputs["offsets_host"]
+    rows = torch.cat([torch.arange(offs[e], offs[e + 1]) for e in order]).to(a.device)
+    o = counts_to_offsets([offs[e + 1] - offs[e] for e in order])
+    return {"a": a[rows].contiguous(), "w": w[order].contiguous(), "offsets_host": o,
+            "offsets": torch.tensor(o, dtype=torch.int32, device=a.device)}
+
+
+def orders(counts: list[int]) -> dict[str, list[int]]:
+    """Expert orders to try: as routed, by size (descending, ascending), largest and
+    smallest alternating, and a random shuffle."""
+    by_size = sorted(range(len(counts)), key=lambda e: -counts[e])
+    alt = [by_size[(i // 2) if i % 2 == 0 else -(i // 2) - 1] for i in range(len(counts))]
+    g = torch.Generator().manual_seed(0)
+    return {"as routed": list(range(len(counts))), "largest first": by_size,
+            "smallest first": by_size[::-1], "largest and smallest alternating": alt,
+            "shuffled": torch.randperm(len(counts), generator=g).tolist()}
+
+
+def expert_order(fam: GroupedGemm, pack: dict, rounds: int, rep: int, json_path: str) -> None:
+    """The pack (and with SWAP_AB + TMA store) on each realistic routing with its experts
+    in other orders, against dense cuBLAS: does the order in which the experts' weights
+    are met matter?"""
+    cfgs = {"pack": pack, "pack, SWAP_AB, TMA store": {**pack, "SWAP_AB": 1, "TMA_STORE": 1}}
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict = {}
+    for prob, inputs in make_problems(fam).items():
+        if prob == "balanced":
+            continue
+        offs = inputs["offsets_host"]
+        for oname, order in orders([offs[e + 1] - offs[e] for e in range(len(offs) - 1)]).items():
+            pi = reordered(inputs, order)
+            ref = fam.reference(pi, SHAPE)
+            verify({f"{name}, experts {oname}": (lambda c=c, i=pi: fam.launcher(i, SHAPE, c))
+                    for name, c in cfgs.items()}, ref, prob, fns, notes)
+            del ref
+        dense[prob] = _dense_baseline(inputs, SHAPE)
+    time_and_report(fns, dense, notes, rounds, rep, json_path, configs=cfgs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--json", default="")
-    ap.add_argument("--study", default="concurrent", help="concurrent or ceiling")
+    ap.add_argument("--study", default="concurrent", help="concurrent, ceiling or order")
     args = ap.parse_args()
     fam = GroupedGemm()
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
     if args.study == "ceiling":
         ceiling(fam, pack, args.rounds, args.rep, args.json)
+        return
+    if args.study == "order":
+        expert_order(fam, pack, args.rounds, args.rep, args.json)
         return
     fns: dict = {}
     dense: dict = {}
