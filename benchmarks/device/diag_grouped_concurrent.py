@@ -97,6 +97,26 @@ def both(fam: GroupedGemm, parts: tuple, main_cfg: dict, concurrent: bool,
     return run
 
 
+def _time_variants(fam: GroupedGemm, cfgs: dict[str, dict], variants, rounds: int,
+                   rep: int, json_path: str) -> None:
+    """Every config on each realistic routing's variants (``variants(inputs)`` yields
+    (label, inputs, shape)), outputs checked, each timed beside dense cuBLAS of the
+    whole routing."""
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict = {}
+    for prob, inputs in make_problems(fam).items():
+        if prob == "balanced":
+            continue
+        for what, pi, ps in variants(inputs):
+            ref = fam.reference(pi, ps)
+            verify({f"{name}, {what}": (lambda c=c, i=pi, s=ps: fam.launcher(i, s, c))
+                    for name, c in cfgs.items()}, ref, prob, fns, notes)
+            del ref
+        dense[prob] = _dense_baseline(inputs, SHAPE)
+    time_and_report(fns, dense, notes, rounds, rep, json_path, configs=cfgs)
+
+
 def ceiling(fam: GroupedGemm, pack: dict, rounds: int, rep: int, json_path: str) -> None:
     """What the realistic routings' rows would run at with tails that cost nothing: the
     pack and its SWAP_AB + TMA-store neighbour on each routing without its quarter
@@ -106,25 +126,14 @@ def ceiling(fam: GroupedGemm, pack: dict, rounds: int, rep: int, json_path: str)
             "pack, SWAP_AB, TMA store": {**pack, "SWAP_AB": 1, "TMA_STORE": 1},
             "pack, SWAP_AB, TMA store, 3 stages": {**pack, "SWAP_AB": 1, "TMA_STORE": 1,
                                                     "num_stages": 3}}
-    fns: dict = {}
-    dense: dict = {}
-    notes: dict = {}
-    for prob, inputs in make_problems(fam).items():
-        if prob == "balanced":
-            continue
-        for what, full_only in (("whole routing", None), ("no quarter pieces", False),
-                                ("full blocks only", True)):
-            if full_only is None:
-                pi, ps = inputs, SHAPE
-            else:
-                pi, ps, _, _ = split_problem(inputs, full_only)
-            ref = fam.reference(pi, ps)
-            verify({f"{name}, {what} ({ps['M']} rows)":
-                    (lambda c=c, i=pi, s=ps: fam.launcher(i, s, c)) for name, c in cfgs.items()},
-                   ref, prob, fns, notes)
-            del ref
-        dense[prob] = _dense_baseline(inputs, SHAPE)
-    time_and_report(fns, dense, notes, rounds, rep, json_path, configs=cfgs)
+
+    def variants(inputs: dict):
+        yield f"whole routing ({SHAPE['M']} rows)", inputs, SHAPE
+        for what, full_only in (("no quarter pieces", False), ("full blocks only", True)):
+            pi, ps, _, _ = split_problem(inputs, full_only)
+            yield f"{what} ({ps['M']} rows)", pi, ps
+
+    _time_variants(fam, cfgs, variants, rounds, rep, json_path)
 
 
 def reordered(inputs: dict, order: list[int]) -> dict:
@@ -153,21 +162,13 @@ def expert_order(fam: GroupedGemm, pack: dict, rounds: int, rep: int, json_path:
     in other orders, against dense cuBLAS: does the order in which the experts' weights
     are met matter?"""
     cfgs = {"pack": pack, "pack, SWAP_AB, TMA store": {**pack, "SWAP_AB": 1, "TMA_STORE": 1}}
-    fns: dict = {}
-    dense: dict = {}
-    notes: dict = {}
-    for prob, inputs in make_problems(fam).items():
-        if prob == "balanced":
-            continue
+
+    def variants(inputs: dict):
         offs = inputs["offsets_host"]
         for oname, order in orders([offs[e + 1] - offs[e] for e in range(len(offs) - 1)]).items():
-            pi = reordered(inputs, order)
-            ref = fam.reference(pi, SHAPE)
-            verify({f"{name}, experts {oname}": (lambda c=c, i=pi: fam.launcher(i, SHAPE, c))
-                    for name, c in cfgs.items()}, ref, prob, fns, notes)
-            del ref
-        dense[prob] = _dense_baseline(inputs, SHAPE)
-    time_and_report(fns, dense, notes, rounds, rep, json_path, configs=cfgs)
+            yield f"experts {oname}", reordered(inputs, order), SHAPE
+
+    _time_variants(fam, cfgs, variants, rounds, rep, json_path)
 
 
 def main() -> None:
