@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -35,6 +36,17 @@ from harness import hardware
 from harness.measure import Measurer, Timing, TrialResult
 
 log = logging.getLogger(__name__)
+
+
+def _answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether a server accepts connections at ``address`` ("host:port")."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
 
 #: Kept workers (``keep_s``) are detached actors named KEPT_PREFIX + key + a random
 #: suffix in this Ray namespace, so that a later run on the cluster finds them.
@@ -923,6 +935,13 @@ class Fleet:
             running = find_bootstrap_address(None)
         except (ImportError, AttributeError):
             running = None
+        if running and not _answers(running):
+            # The file outlives a head that was killed (or crashed); joining it, Ray waits
+            # on the dead GCS for minutes (measured: still waiting after 150 s).
+            log.warning("the Ray this machine's last `ray start` left (%s) does not answer: "
+                        "starting a Ray for this run (`ray stop` clears the stale address)",
+                        running)
+            running = None
         if running:
             # Joined rather than a second Ray over the same GPUs; it outlives this run, so
             # it keeps workers and is not stopped.
@@ -931,7 +950,9 @@ class Fleet:
         # Ray starts a Python worker per core up front; the harness needs one per GPU, and
         # on a 16-core box those imports slow the start and the compile children.
         os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
-        ray.init(include_dashboard=False, **kw)
+        # "local": a new Ray even where a stale address file is left (a bare ray.init()
+        # would join the address in it).
+        ray.init(address="local", include_dashboard=False, **kw)
         return "local"
 
     def discover(self) -> dict[str, int]:

@@ -176,3 +176,36 @@ def test_run_without_ray_address_joins_this_machines_ray_and_keeps_workers(
         assert "started its own Ray" not in out, out[-4000:]
         summaries.append(json.loads(proc.stdout))
     assert [s["workers_reused"] for s in summaries] == [0, 1]
+
+
+def test_run_starts_its_own_ray_when_the_last_ray_start_is_dead(tmp_path: Path) -> None:
+    """A head killed without `ray stop` leaves its address in RAY_TMPDIR's
+    ray/ray_current_cluster; joined, Ray waits on the dead GCS for minutes. `kharness run`
+    finds that nothing answers there, says so, and starts a Ray of its own."""
+    base = tempfile.mkdtemp(prefix="kh-ray-", dir="/tmp")  # short: Ray's socket paths
+    temp_dir = os.path.join(base, "ray")
+    try:
+        os.makedirs(temp_dir)
+        (dead,) = _free_ports(1)  # nothing listens there
+        Path(temp_dir, "ray_current_cluster").write_text(f"127.0.0.1:{dead}\n")
+        exp = {
+            "name": "stale", "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}],
+            "dtypes": ["fp16"], "search": {"sampler": "grid", "trials": 1},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+            "output": {"packs_dir": str(tmp_path / "packs"),
+                       "runs_dir": str(tmp_path / "runs")},
+            "fleet": {"compile_workers": 0},
+        }
+        (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               "RAY_TMPDIR": base}
+        for var in ("RAY_ADDRESS", "TRITON_INTERPRET"):
+            env.pop(var, None)
+        proc = subprocess.run([str(BIN / "kharness"), "run", "exp.yaml", "--json"], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        assert f"(127.0.0.1:{dead}) does not answer" in proc.stderr
+        assert json.loads(proc.stdout)["rows"][0]["counts"]["measured"] == 1
+    finally:
+        _signal(_ours(temp_dir), signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
