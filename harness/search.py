@@ -269,7 +269,13 @@ class Search:
             reason = self.kernel.check_config(
                 {**self.kernel.default_config, **config}, self.spec.shape, self.device)
             if reason:
-                self._pruned.add(config_key(config))
+                key = config_key(config)
+                if key not in self._pruned:
+                    # A config newly found invalid is progress through the space (a grid
+                    # of mostly invalid points is walked to its valid ones); only asks
+                    # that repeat what is known count towards a stall.
+                    self._stall = 0
+                self._pruned.add(key)
                 trial.set_user_attr(ATTR_STATUS, "pruned")
                 trial.set_user_attr(ATTR_REASON, reason)
                 self.study.tell(trial, state=TrialState.PRUNED)

@@ -56,10 +56,32 @@ class _Stuck(optuna.samplers.BaseSampler):
 def test_pruned_counts_distinct_configs_and_a_stuck_sampler_stops() -> None:
     s = _search(_Stuck(), max_stalled_asks=5)
     assert s.ask() is None
-    # Six asks of the same pruned config: one distinct pruned config, and a stop.
+    # The same pruned config asked again and again: one distinct pruned config (finding
+    # it is progress), then five repeats, and a stop.
     assert s.pruned == 1 and s.stalled and s.done()
-    assert sum(t.state == TrialState.PRUNED for t in s.study.trials) == 5
+    assert sum(t.state == TrialState.PRUNED for t in s.study.trials) == 6
     assert "stalled" in s.attr("stopped")
+
+
+def test_a_mostly_invalid_grid_is_walked_to_its_valid_configs() -> None:
+    """40 of 42 grid points are statically pruned (a narrow experiment over a space with
+    many tunables is like this): each newly pruned config is progress, not a stall, so
+    the two valid ones are measured even though more than max_stalled_asks pruned
+    configs come before them."""
+    spec = StudySpec("t", "grouped_gemm", SHAPE, "bf16", "H100")
+    space = {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64], "num_stages": [3],
+             "TAIL_WINDOW": list(range(-20, 1))}  # < 0 is invalid
+    s = Search(spec, space, spec_for_key("H100"),
+               SearchSettings(sampler="grid", trials=4, warm_start=False,
+                              seed_from_packs=False, max_stalled_asks=5),
+               optuna.storages.InMemoryStorage(), seed=0, n_parallel=1)
+    measured = []
+    while (asked := s.ask()) is not None:
+        trial, config = asked
+        measured.append((config["BLOCK_M"], config["TAIL_WINDOW"]))
+        s.tell(trial, config, _ok(1.0))
+    assert sorted(measured) == [(64, 0), (128, 0)]
+    assert s.pruned == 40 and not s.stalled
 
 
 def test_cheap_pass_cuts_a_clearly_slow_config() -> None:
