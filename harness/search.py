@@ -287,7 +287,8 @@ class Search:
                 value = self._seen[key]
                 if value is not None and math.isinf(value):
                     self.study.tell(trial, state=TrialState.PRUNED)
-                elif value is None:
+                elif value is None or math.isnan(value):
+                    # Failed, or still in flight (no value yet): Optuna takes no NaN value.
                     self.study.tell(trial, state=TrialState.FAIL)
                 else:
                     self.study.tell(trial, value)

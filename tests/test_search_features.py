@@ -84,6 +84,25 @@ def test_a_mostly_invalid_grid_is_walked_to_its_valid_configs() -> None:
     assert s.pruned == 40 and not s.stalled
 
 
+def test_a_duplicate_of_a_config_in_flight_is_told_without_a_nan(recwarn) -> None:
+    """A sampler that asks again for a config still being measured gets a duplicate,
+    told FAIL (it has no value yet), not NaN, which Optuna warns about."""
+    s = _search(_Stuck(), max_stalled_asks=3)
+    s.space = {**SPACE, "num_stages": [3]}  # the stuck config, now valid
+
+    class _Valid(_Stuck):
+        def sample_independent(self, study, trial, name, distribution):
+            return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 3}[name]
+
+    s.study.sampler = _Valid()
+    first = s.ask()
+    assert first is not None  # claimed, in flight
+    assert s.ask(in_flight=1) is None  # only duplicates of it, then a stall
+    dups = [t for t in s.study.trials if t.user_attrs.get(ATTR_STATUS) == "duplicate"]
+    assert dups and all(t.state == TrialState.FAIL for t in dups)
+    assert not [w for w in recwarn if "nan is not acceptable" in str(w.message)]
+
+
 def test_cheap_pass_cuts_a_clearly_slow_config() -> None:
     s = _search(pruner="threshold", prune_startup_trials=1, prune_margin=0.1)
     trial, config = s.ask()
