@@ -363,32 +363,45 @@ PACK_H200 = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_w
              "BLOCK_TABLE": 1, "TAIL_WINDOW": 4}
 
 
+def moe_cpu_inputs() -> dict:
+    """Inputs of the MoE shape's routing on the CPU, uninitialised: stand-ins whose types
+    and the descriptors' boxes are all a compile for sm_90 reads (nothing runs)."""
+    shape = KERNEL.shapes["deepseek-v3-16b"]
+    counts = KERNEL.routing_counts(shape, seed=0)
+    return {"a": torch.empty(shape["M"], shape["K"], dtype=torch.bfloat16),
+            "w": torch.empty(shape["E"], shape["N"], shape["K"], dtype=torch.bfloat16),
+            "offsets": torch.tensor(grouped_gemm.counts_to_offsets(counts), dtype=torch.int32)}
+
+
+def compile_sm90(launch: grouped_gemm.Launch, source: type,
+                 **options: int) -> triton.compiler.CompiledKernel:
+    """``launch`` compiled for sm_90 as the launcher would run it, with no GPU: the
+    signature from the arguments' own types, the constexprs from its meta; ``source``:
+    triton's ASTSource, or Gluon's for a Gluon kernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import mangle_type
+
+    fn = launch.fn
+    sig = {name: mangle_type(v) for name, v in zip(fn.arg_names, launch.args, strict=False)}
+    consts = {k: v for k, v in launch.meta.items() if k in fn.arg_names}
+    sig.update({k: "constexpr" for k in consts})
+    return triton.compile(source(fn, signature=sig, constexprs=consts),
+                          target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": launch.meta["num_warps"], **options})
+
+
 def wgmma_shapes(configs: list[dict]) -> list[list[str]]:
     """The wgmma instruction shapes (e.g. "m64n256k16") in the PTX of each config's GEMM
     launch at the MoE shape, compiled for sm_90 without a GPU (CPU tensors stand in)."""
     import re
 
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
 
-    shape = KERNEL.shapes["deepseek-v3-16b"]
-    counts = KERNEL.routing_counts(shape, seed=0)
-    inputs = {"a": torch.empty(shape["M"], shape["K"], dtype=torch.bfloat16),
-              "w": torch.empty(shape["E"], shape["N"], shape["K"], dtype=torch.bfloat16),
-              "offsets": torch.tensor(grouped_gemm.counts_to_offsets(counts), dtype=torch.int32)}
+    inputs = moe_cpu_inputs()
     out = []
     for config in configs:
         launch = KERNEL._launches(inputs, config)[0][-1]
-        fn = launch.fn
-        sig = {n: mangle_type(v) for n, v in zip(fn.arg_names, launch.args, strict=False)}
-        consts = {k: v for k, v in launch.meta.items() if k in fn.arg_names}
-        sig.update({k: "constexpr" for k in consts})
-        kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=consts),
-                                target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": launch.meta["num_warps"],
-                                         "num_stages": launch.meta["num_stages"]})
-        ptx = kernel.asm["ptx"]
+        ptx = compile_sm90(launch, ASTSource, num_stages=launch.meta["num_stages"]).asm["ptx"]
         out.append(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)",
                                           ptx))))
     return out

@@ -19,6 +19,7 @@ import triton
 from harness.kernel_api import DeviceSpec
 from kernels import grouped_gemm
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
+from tests.test_grouped_gemm import compile_sm90, moe_cpu_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = GroupedGemm()
@@ -92,34 +93,17 @@ def test_rejects_fp32() -> None:
         KERNEL.launcher(inputs, {"M": 130, "N": 64, "K": 64, "E": 3}, CONFIGS[0])
 
 
-def _compile_sm90(launch: grouped_gemm.Launch) -> triton.compiler.CompiledKernel:
-    """``launch`` compiled for sm_90 as the launcher would run it, with no GPU: the
-    signature from the arguments' own types, the constexprs from its meta."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
-    fn = launch.fn
-    sig = {name: mangle_type(v) for name, v in zip(fn.arg_names, launch.args, strict=False)}
-    consts = {k: v for k, v in launch.meta.items() if k in fn.arg_names}
-    sig.update({k: "constexpr" for k in consts})
-    src = GluonASTSource(fn, signature=sig, constexprs=consts)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": launch.meta["num_warps"]})
-
-
 def sm90_features(configs: list[dict]) -> list[dict]:
     """Each config's GEMM launch at the MoE shape, as the launcher builds it (CPU tensors
     stand in: only their types and the descriptors' boxes reach the compiler), compiled
     for sm_90: its launch names and grid, and what its PTX holds."""
-    counts = KERNEL.routing_counts(MOE, seed=0)
-    a = torch.empty(MOE["M"], MOE["K"], dtype=torch.bfloat16)
-    w = torch.empty(MOE["E"], MOE["N"], MOE["K"], dtype=torch.bfloat16)
-    offs = torch.tensor(grouped_gemm.counts_to_offsets(counts), dtype=torch.int32)
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    inputs = moe_cpu_inputs()
     out = []
     for config in configs:
-        launches, _ = KERNEL._launches({"a": a, "w": w, "offsets": offs}, config)
-        ptx = _compile_sm90(launches[1]).asm["ptx"]
+        launches, _ = KERNEL._launches(inputs, config)
+        ptx = compile_sm90(launches[1], GluonASTSource).asm["ptx"]
         out.append({
             "launches": [lc.fn.__name__ for lc in launches], "grid": list(launches[1].grid),
             "wgmma": bool(re.search(r"wgmma\.mma_async", ptx)),
