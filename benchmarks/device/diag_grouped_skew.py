@@ -1,0 +1,80 @@
+"""Do unequal experts slow the full tiles? Routings of whole 256-row blocks only, at the
+real M.
+
+Session 16's ceiling study took the realistic routings' tails out and found their full
+blocks alone at ~89 % of dense per row, below the balanced routing's 91-94 %; but its
+per-row figure charges the whole problem's weight reads to fewer rows. Here every routing
+has exactly M = 49,152 rows in whole 256-row blocks (192 blocks: no tail, no padding, the
+same FLOPs as dense), the blocks spread over the experts unequally or not: balanced (3
+each), 2 or 4, 1 or 5, and the log-normal routing's shape (its counts rounded to blocks,
+its 5 empty experts kept). The whole log-normal and uniform routings run beside them for
+reference. Each variant is timed right beside dense cuBLAS of the same FLOPs.
+
+    python3 benchmarks/device/diag_grouped_skew.py [--rounds 5] [--rep 100] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.device.diag_grouped_steady import SHAPE, make_problems, time_and_report, verify
+from harness import packs
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline, make_grouped_inputs
+
+
+def lognormal_blocks(bm: int = 256) -> list[int]:
+    """The harness's log-normal routing rounded to whole blocks (largest remainder), so
+    that the blocks still sum to M / bm."""
+    counts = GroupedGemm.routing_counts(SHAPE, 0)
+    total = SHAPE["M"] // bm
+    q = [c / bm for c in counts]
+    blocks = [int(v) for v in q]
+    for e in sorted(range(len(q)), key=lambda e: blocks[e] - q[e])[: total - sum(blocks)]:
+        blocks[e] += 1
+    return blocks
+
+
+def block_routings(bm: int = 256) -> dict[str, list[int]]:
+    """Rows per expert, whole blocks only, all summing to M."""
+    E = SHAPE["E"]
+    half = E // 2
+    return {
+        "blocks 3 each (balanced)": [3 * bm] * E,
+        "blocks 2 or 4": [2 * bm, 4 * bm] * half,
+        "blocks 1 or 5": [bm, 5 * bm] * half,
+        "blocks as log-normal (0-15)": [b * bm for b in lognormal_blocks(bm)],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    fam = GroupedGemm()
+    pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
+    swap = {**pack, "SWAP_AB": 1, "TMA_STORE": 1}
+    cfgs = {"pack": pack, "pack, SWAP_AB, TMA store": swap,
+            "pack, SWAP_AB, TMA store, TAIL_FINE 2": {**swap, "TAIL_FINE": 2}}
+    N, K = SHAPE["N"], SHAPE["K"]
+    problems = {name: make_grouped_inputs(counts, N, K, "bf16", seed=i, device="cuda")
+                for i, (name, counts) in enumerate(block_routings().items())}
+    whole = make_problems(fam)
+    problems.update({f"whole {k}": whole[k] for k in ("log-normal", "uniform")})
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict = {}
+    for prob, inputs in problems.items():
+        assert inputs["offsets_host"][-1] == SHAPE["M"]
+        ref = fam.reference(inputs, SHAPE)
+        verify({name: (lambda c=c, i=inputs: fam.launcher(i, SHAPE, c))
+                for name, c in cfgs.items()}, ref, prob, fns, notes)
+        del ref
+        dense[prob] = _dense_baseline(inputs, SHAPE)
+    time_and_report(fns, dense, notes, args.rounds, args.rep, args.json, configs=cfgs)
+    print(f"pack: {pack}")
+
+
+if __name__ == "__main__":
+    main()
