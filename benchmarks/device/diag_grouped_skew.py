@@ -8,7 +8,9 @@ has exactly M = 49,152 rows in whole 256-row blocks (192 blocks: no tail, no pad
 same FLOPs as dense), the blocks spread over the experts unequally or not: balanced (3
 each), 2 or 4, 1 or 5, and the log-normal routing's shape (its counts rounded to blocks,
 its 5 empty experts kept). The whole log-normal and uniform routings run beside them for
-reference. Each variant is timed right beside dense cuBLAS of the same FLOPs.
+reference, and session 16's "full blocks only" cut of each (every expert's rows past its
+last full block taken out), here against dense cuBLAS at that cut's own M. Each variant
+is timed right beside dense cuBLAS of the same FLOPs.
 
     python3 benchmarks/device/diag_grouped_skew.py [--rounds 5] [--rep 100] [--json F]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 
+from benchmarks.device.diag_grouped_concurrent import split_problem
 from benchmarks.device.diag_grouped_steady import SHAPE, make_problems, time_and_report, verify
 from harness import packs
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline, make_grouped_inputs
@@ -61,17 +64,23 @@ def main() -> None:
     problems = {name: make_grouped_inputs(counts, N, K, "bf16", seed=i, device="cuda")
                 for i, (name, counts) in enumerate(block_routings().items())}
     whole = make_problems(fam)
-    problems.update({f"whole {k}": whole[k] for k in ("log-normal", "uniform")})
+    shapes = dict.fromkeys(problems, SHAPE)
+    for k in ("log-normal", "uniform"):
+        problems[f"whole {k}"], shapes[f"whole {k}"] = whole[k], SHAPE
+        # Session 16's "full blocks only" problem, here against dense cuBLAS at its own M.
+        pi, ps, _, _ = split_problem(whole[k], full_only=True)
+        name = f"{k}, full blocks only ({ps['M']} rows), dense at that M"
+        problems[name], shapes[name] = pi, ps
     fns: dict = {}
     dense: dict = {}
     notes: dict = {}
     for prob, inputs in problems.items():
-        assert inputs["offsets_host"][-1] == SHAPE["M"]
-        ref = fam.reference(inputs, SHAPE)
-        verify({name: (lambda c=c, i=inputs: fam.launcher(i, SHAPE, c))
+        shape = shapes[prob]
+        ref = fam.reference(inputs, shape)
+        verify({name: (lambda c=c, i=inputs, s=shape: fam.launcher(i, s, c))
                 for name, c in cfgs.items()}, ref, prob, fns, notes)
         del ref
-        dense[prob] = _dense_baseline(inputs, SHAPE)
+        dense[prob] = _dense_baseline(inputs, shape)
     time_and_report(fns, dense, notes, args.rounds, args.rep, args.json, configs=cfgs)
     print(f"pack: {pack}")
 
