@@ -215,7 +215,7 @@ def test_compile_ahead_survives_a_torch_compile_baseline(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout)
+    out = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
     (row,) = out["rows"]
     assert row["compile_latency_ms"] is not None  # the torch.compile baseline did run
     assert out["first_calls"]["watched"] >= 8  # the trials and the default config
