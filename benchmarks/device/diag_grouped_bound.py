@@ -28,8 +28,6 @@ torch._grouped_mm; dense cuBLAS at each M.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import triton
 
@@ -40,6 +38,7 @@ from benchmarks.device.diag_grouped_steady import (
     make_problems,
     paired_rounds,
     print_pairs,
+    timing_args,
     verify,
 )
 from harness import packs
@@ -106,12 +105,7 @@ def study_kernels() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--study", default="bound")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--rep", type=int, default=200)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
+    args = timing_args(rounds=7, rep=200, study="bound").parse_args()
     fam = GroupedGemm()
     hit = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
     pack = dict(hit.config)

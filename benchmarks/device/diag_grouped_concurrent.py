@@ -23,14 +23,13 @@ weights are met matters.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from benchmarks.device.diag_grouped_steady import (
     SHAPE,
     make_problems,
     time_and_report,
+    timing_args,
     verify,
 )
 from harness import packs
@@ -172,12 +171,7 @@ def expert_order(fam: GroupedGemm, pack: dict, rounds: int, rep: int, json_path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rep", type=int, default=100)
-    ap.add_argument("--json", default="")
-    ap.add_argument("--study", default="concurrent", help="concurrent, ceiling or order")
-    args = ap.parse_args()
+    args = timing_args(study="concurrent").parse_args()  # concurrent, ceiling or order
     fam = GroupedGemm()
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
     if args.study == "ceiling":

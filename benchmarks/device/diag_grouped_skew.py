@@ -17,10 +17,14 @@ is timed right beside dense cuBLAS of the same FLOPs.
 
 from __future__ import annotations
 
-import argparse
-
 from benchmarks.device.diag_grouped_concurrent import split_problem
-from benchmarks.device.diag_grouped_steady import SHAPE, make_problems, time_and_report, verify
+from benchmarks.device.diag_grouped_steady import (
+    SHAPE,
+    make_problems,
+    time_and_report,
+    timing_args,
+    verify,
+)
 from harness import packs
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline, make_grouped_inputs
 
@@ -50,11 +54,7 @@ def block_routings(bm: int = 256) -> dict[str, list[int]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rep", type=int, default=100)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
+    args = timing_args().parse_args()
     fam = GroupedGemm()
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
     swap = {**pack, "SWAP_AB": 1, "TMA_STORE": 1}

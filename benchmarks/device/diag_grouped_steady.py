@@ -79,6 +79,19 @@ def equal_rows(rows: tuple[int, ...]) -> dict[str, tuple[dict, dict]]:
             for r in rows}
 
 
+def timing_args(rounds: int = 5, rep: int = 100, study: str | None = None,
+                help_: str = "") -> argparse.ArgumentParser:
+    """The diagnostics' common options: --rounds, --rep (do_bench ms), --json (raw
+    output), and --study where a script has several."""
+    ap = argparse.ArgumentParser(description=help_)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--rep", type=int, default=rep)
+    ap.add_argument("--json", default="")
+    if study is not None:
+        ap.add_argument("--study", default=study)
+    return ap
+
+
 def paired_rounds(
     fns: dict[tuple[str, str], Callable[[], object]],
     dense: dict[str, Callable[[], object]],
@@ -148,11 +161,7 @@ def time_and_report(fns: dict, dense: dict, notes: dict[str, str], rounds: int, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--rep", type=int, default=200)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
+    args = timing_args(rounds=7, rep=200).parse_args()
     fam = GroupedGemm()
     M, N, K, E = (SHAPE[d] for d in ("M", "N", "K", "E"))
     # The pack this checkout ships for this GPU, beside the fixed variants.

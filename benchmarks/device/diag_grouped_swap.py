@@ -16,9 +16,13 @@ every output checked first.
 
 from __future__ import annotations
 
-import argparse
-
-from benchmarks.device.diag_grouped_steady import SHAPE, dump_pairs, equal_rows, make_problems
+from benchmarks.device.diag_grouped_steady import (
+    SHAPE,
+    dump_pairs,
+    equal_rows,
+    make_problems,
+    timing_args,
+)
 from benchmarks.device.diag_grouped_waves import pairs
 from harness import packs
 from kernels.grouped_gemm import GroupedGemm
@@ -58,12 +62,8 @@ def configs() -> dict[str, dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--study", default="main")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rep", type=int, default=100)
+    ap = timing_args(study="main")
     ap.add_argument("--only", default="", help="comma-separated config names to keep")
-    ap.add_argument("--json", default="")
     args = ap.parse_args()
     fam = GroupedGemm()
     cfgs = fine_configs() if "fine" in args.study.split(",") else configs()

@@ -19,14 +19,13 @@ rows zeroed, which tests the energy premise without any grouped kernel.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from benchmarks.device.diag_grouped_steady import (
     SHAPE,
     make_problems,
     time_and_report,
+    timing_args,
     verify,
 )
 from harness import packs
@@ -64,11 +63,7 @@ def zero_rows_dense(inputs: dict, share: float) -> tuple[object, torch.Tensor]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rep", type=int, default=150)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
+    args = timing_args(rep=150).parse_args()
     fam = GroupedGemm()
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
     full = {**pack, "TAIL_SPLIT": 0, "TAIL_WINDOW": 0}
