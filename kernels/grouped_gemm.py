@@ -78,7 +78,6 @@ def _block_table_kernel(
     offs_ptr, table_ptr, E, NB,
     E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TAIL_WINDOW: tl.constexpr, CHUNK: tl.constexpr, TAIL_FINE: tl.constexpr = 0,
-    TAIL_MERGE: tl.constexpr = 0,
 ):
     """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
     its expert (-1 past the real blocks), first row, the expert's end row and its height
@@ -95,12 +94,6 @@ def _block_table_kernel(
     where its real rows fit (classes TAIL_SPLIT + 1 ...; it keeps its place in the
     order): the padding is then under BLOCK_M >> (TAIL_SPLIT + f) rows, with no more
     pieces than before.
-
-    With TAIL_MERGE (TAIL_SPLIT = 0), an expert's remainder r is one block of class
-    16 + u, u = ceil(r / (BLOCK_M / 16)) (1 .. 15; 16 is a full block instead): the GEMM
-    runs it as pieces of BLOCK_M/2, /4, /8, /16 rows, the set bits of u, in one tile that
-    loads each W box once for all of them. The padding is under BLOCK_M/16 rows per
-    expert, and each expert has one tail tile.
 
     Blocks run expert by expert, each expert's largest first; the last TAIL_WINDOW
     experts' blocks run class by class instead (all their full blocks, then their halves,
@@ -127,13 +120,6 @@ def _block_table_kernel(
         for f in tl.static_range(1, TAIL_FINE + 1):
             h_last += (left <= (GRAIN >> f)).to(tl.int32)
 
-    if TAIL_MERGE:
-        SIXTEENTH: tl.constexpr = BLOCK_M // 16
-        u_m = (ends - starts - full * BLOCK_M + SIXTEENTH - 1) // SIXTEENTH  # 0 .. 16
-        n_full = full + (u_m == 16).to(tl.int32)
-        n_merge = ((u_m > 0) & (u_m < 16)).to(tl.int32)
-        nblk = n_full + n_merge
-
     in_win = e_idx >= E - TAIL_WINDOW
     out_blk = tl.where(in_win, 0, nblk)
     # Outside the window, expert e's blocks start after all earlier experts' (the window
@@ -150,11 +136,9 @@ def _block_table_kernel(
     row_end = tl.zeros_like(b)
     h = tl.zeros_like(b)
     off = tl.zeros_like(starts)  # a class's row offset within its expert's remainder
-    for c in tl.static_range(TAIL_SPLIT + 1 + TAIL_MERGE):
+    for c in tl.static_range(TAIL_SPLIT + 1):
         if c == 0:
             n_c = n_full
-        elif TAIL_MERGE:
-            n_c = n_merge
         else:
             n_c = (pieces >> (TAIL_SPLIT - c)) & 1
         w_n = tl.where(in_win, n_c, 0)
@@ -170,9 +154,7 @@ def _block_table_kernel(
         expert += tl.sum(tl.where(hit, e_idx[None, :], 0), 1)
         m0 += tl.sum(tl.where(hit, first, 0), 1)
         row_end += tl.sum(tl.where(hit, ends[None, :], 0), 1)
-        if TAIL_MERGE and c > 0:
-            h += tl.sum(tl.where(hit, 16 + u_m[None, :], 0), 1)
-        elif TAIL_FINE and c == TAIL_SPLIT and c > 0:
+        if TAIL_FINE and c == TAIL_SPLIT and c > 0:
             h += tl.sum(tl.where(hit, h_last[None, :], 0), 1)
         else:
             h += n_hit * c
@@ -433,7 +415,6 @@ def _gemm_tile_tma(
     IEEE: tl.constexpr,
     WARP_SPEC_K: tl.constexpr,
     SWAP_AB: tl.constexpr,
-    W_REGS: tl.constexpr = 0,
 ):
     """The output tile at (m0, n0) of ``expert`` with TMA loads: ``a_desc`` covers
     A [M, K] in [BLOCK_M, BLOCK_K] boxes, ``w_desc`` covers W viewed as [E*N, K] in
@@ -458,8 +439,6 @@ def _gemm_tile_tma(
     for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC_K):
         a = a_desc.load([m0, k * BLOCK_K])
         b = w_desc.load([w_row, k * BLOCK_K])
-        if W_REGS >= 2:
-            b = (b.to(tl.float32) * (K > 0).to(tl.float32)).to(b.dtype)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -488,99 +467,6 @@ def _gemm_tile_tma(
 
 
 @triton.jit
-def _dot_wt(w, a, acc, IEEE: tl.constexpr):
-    """acc + w @ a^T (the SWAP_AB orientation), fp32 products for fp32 inputs."""
-    if IEEE:
-        return tl.dot(w, tl.trans(a), acc, input_precision="ieee")
-    else:
-        return tl.dot(w, tl.trans(a), acc)
-
-
-@triton.jit
-def _store_piece(acc_t, r0, rows: tl.constexpr, row_end, n0, N, out_ptr, stride_om,
-                 BLOCK_N: tl.constexpr):
-    """A [BLOCK_N, rows] transposed accumulator stored at rows r0.., masked to the
-    expert's rows and N."""
-    c = tl.trans(acc_t).to(out_ptr.dtype.element_ty)
-    r = r0 + tl.arange(0, rows)
-    cols = n0 + tl.arange(0, BLOCK_N)
-    ptrs = out_ptr + r.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    tl.store(ptrs, c, mask=(r < row_end)[:, None] & (cols < N)[None, :])
-
-
-@triton.jit
-def _gemm_tile_tma_merged(
-    m0, n0, expert, row_end, a_pieces, w_desc, out_ptr, N, K, stride_om, U: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, W_REGS: tl.constexpr = 0,
-):
-    """TAIL_MERGE's tail tile: an expert's last U * BLOCK_M/16 rows as pieces of
-    BLOCK_M/2, /4, /8 and /16 rows (U's bits 3..0, largest first), each on wgmma's N side
-    (W_tile @ A_piece^T) with its own accumulator, all from one W box per K step: one
-    tile, one pass over the expert's W tile, instead of one per piece."""
-    P0: tl.constexpr = BLOCK_M // 2
-    P1: tl.constexpr = BLOCK_M // 4
-    P2: tl.constexpr = BLOCK_M // 8
-    P3: tl.constexpr = BLOCK_M // 16
-    R1: tl.constexpr = P0 * ((U >> 3) & 1)
-    R2: tl.constexpr = R1 + P1 * ((U >> 2) & 1)
-    R3: tl.constexpr = R2 + P2 * ((U >> 1) & 1)
-    w_row = expert * N + n0
-    # An absent piece keeps a 16x16 stand-in that nothing touches.
-    if U & 8:
-        acc0 = tl.zeros((BLOCK_N, P0), dtype=tl.float32)
-    else:
-        acc0 = tl.zeros((16, 16), dtype=tl.float32)
-    if U & 4:
-        acc1 = tl.zeros((BLOCK_N, P1), dtype=tl.float32)
-    else:
-        acc1 = tl.zeros((16, 16), dtype=tl.float32)
-    if U & 2:
-        acc2 = tl.zeros((BLOCK_N, P2), dtype=tl.float32)
-    else:
-        acc2 = tl.zeros((16, 16), dtype=tl.float32)
-    if U & 1:
-        acc3 = tl.zeros((BLOCK_N, P3), dtype=tl.float32)
-    else:
-        acc3 = tl.zeros((16, 16), dtype=tl.float32)
-    for k in tl.range(0, tl.cdiv(K, BLOCK_K)):
-        kk = k * BLOCK_K
-        b = w_desc.load([w_row, kk])
-        if W_REGS:
-            b = (b.to(tl.float32) * (K > 0).to(tl.float32)).to(b.dtype)
-        if UPCAST:
-            b = b.to(tl.float32)
-        if U & 8:
-            a = a_pieces[0].load([m0, kk])
-            if UPCAST:
-                a = a.to(tl.float32)
-            acc0 = _dot_wt(b, a, acc0, IEEE)
-        if U & 4:
-            a = a_pieces[1].load([m0 + R1, kk])
-            if UPCAST:
-                a = a.to(tl.float32)
-            acc1 = _dot_wt(b, a, acc1, IEEE)
-        if U & 2:
-            a = a_pieces[2].load([m0 + R2, kk])
-            if UPCAST:
-                a = a.to(tl.float32)
-            acc2 = _dot_wt(b, a, acc2, IEEE)
-        if U & 1:
-            a = a_pieces[3].load([m0 + R3, kk])
-            if UPCAST:
-                a = a.to(tl.float32)
-            acc3 = _dot_wt(b, a, acc3, IEEE)
-    if U & 8:
-        _store_piece(acc0, m0, P0, row_end, n0, N, out_ptr, stride_om, BLOCK_N)
-    if U & 4:
-        _store_piece(acc1, m0 + R1, P1, row_end, n0, N, out_ptr, stride_om, BLOCK_N)
-    if U & 2:
-        _store_piece(acc2, m0 + R2, P2, row_end, n0, N, out_ptr, stride_om, BLOCK_N)
-    if U & 1:
-        _store_piece(acc3, m0 + R3, P3, row_end, n0, N, out_ptr, stride_om, BLOCK_N)
-
-
-@triton.jit
 def _gemm_tile_tma_any(
     tile, a_desc, a_half, a_quarter, a_fine, w_desc, w_half, out_desc, out_ptr, N, K,
     stride_om, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
@@ -588,54 +474,43 @@ def _gemm_tile_tma_any(
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
-    SWAP_AB: tl.constexpr, TAIL_FINE: tl.constexpr, TAIL_MERGE: tl.constexpr,
-    W_REGS: tl.constexpr = 0,
+    SWAP_AB: tl.constexpr, TAIL_FINE: tl.constexpr,
 ):
     """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
     A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
     smaller tiles keep the masked store: ``out_desc``'s box is the full tile's). With
     TAIL_FINE (TAIL_SPLIT=2), an expert's last quarter piece runs BLOCK_M/8 or /16 rows
-    high where its rows fit (the table's classes 3 and 4; ``a_fine`` = the two boxes).
-    With TAIL_MERGE, class 16 + u is an expert's merged tail tile (``a_half``,
-    ``a_quarter`` and ``a_fine`` are then the boxes of BLOCK_M/2, /4, /8 and /16 rows):
-    one compiled branch per u."""
+    high where its rows fit (the table's classes 3 and 4; ``a_fine`` = the two boxes)."""
     expert, m0, row_end, n0, h = _tile_map(
         tile, e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
         BLOCK_M, BLOCK_N, GROUP_M, BLOCK_TABLE, TAIL_SPLIT,
     )
     if expert < 0:
         pass
-    elif TAIL_MERGE and h >= 16:
-        for u in tl.static_range(1, 16):
-            if h == 16 + u:
-                _gemm_tile_tma_merged(m0, n0, expert, row_end,
-                                      (a_half, a_quarter, a_fine[0], a_fine[1]), w_desc,
-                                      out_ptr, N, K, stride_om, u, BLOCK_M, BLOCK_N,
-                                      BLOCK_K, UPCAST, IEEE, W_REGS=W_REGS)  # fmt: skip
     elif TAIL_FINE >= 2 and h == 4:
         _gemm_tile_tma(m0, n0, expert, row_end, a_fine[1], w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 16, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, W_REGS=W_REGS)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     elif TAIL_FINE >= 1 and h == 3:
         _gemm_tile_tma(m0, n0, expert, row_end, a_fine[0], w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 8, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, W_REGS=W_REGS)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, W_REGS=W_REGS)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, W_REGS=W_REGS)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, W_REGS=W_REGS)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     else:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, W_REGS=W_REGS)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
 
 
 @triton.jit
@@ -672,8 +547,6 @@ def _grouped_gemm_tma_kernel(
     WARP_SPEC: tl.constexpr,
     SWAP_AB: tl.constexpr,
     TAIL_FINE: tl.constexpr,
-    TAIL_MERGE: tl.constexpr = 0,
-    W_REGS: tl.constexpr = 0,
 ):
     """USE_TMA=1: the same tile mapping as ``_grouped_gemm_kernel``, host-built tensor
     descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A, W and out.
@@ -698,7 +571,7 @@ def _grouped_gemm_tma_kernel(
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
-                False, SWAP_AB, TAIL_FINE, TAIL_MERGE, W_REGS,
+                False, SWAP_AB, TAIL_FINE,
             )  # fmt: skip
     else:
         if pid < total_tiles:
@@ -708,7 +581,7 @@ def _grouped_gemm_tma_kernel(
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
-                WARP_SPEC, SWAP_AB, TAIL_FINE, TAIL_MERGE, W_REGS,
+                WARP_SPEC, SWAP_AB, TAIL_FINE,
             )  # fmt: skip
 
 
@@ -816,8 +689,6 @@ class GroupedGemm(Launches, Kernel):
         "GLUON": 0,
         "SWAP_AB": 0,
         "TAIL_FINE": 0,
-        "TAIL_MERGE": 0,
-        "W_REGS": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -888,7 +759,6 @@ class GroupedGemm(Launches, Kernel):
         persistent = int(cfg["PERSISTENT"])
         tail_split = int(cfg["TAIL_SPLIT"])
         tail_fine = int(cfg["TAIL_FINE"])
-        tail_merge = int(cfg["TAIL_MERGE"])
         block_table = bool(int(cfg["BLOCK_TABLE"]))
         e_pad = max(2, _next_pow2(E))
 
@@ -910,7 +780,7 @@ class GroupedGemm(Launches, Kernel):
                 _block_table_kernel, (triton.cdiv(nb, chunk),), (offsets, table, E, nb),
                 {"E_PAD": e_pad, "BLOCK_M": bm, "TAIL_SPLIT": tail_split,
                  "TAIL_WINDOW": int(cfg["TAIL_WINDOW"]), "CHUNK": chunk,
-                 "TAIL_FINE": tail_fine, "TAIL_MERGE": tail_merge,
+                 "TAIL_FINE": tail_fine,
                  "num_warps": 4},
             ))  # fmt: skip
 
@@ -956,9 +826,6 @@ class GroupedGemm(Launches, Kernel):
             a_fine = [a_quarter, a_quarter]
             for f in range(tail_fine):
                 a_fine[f] = TensorDescriptor.from_tensor(a, [bm >> (3 + f), bk])
-            if tail_merge:
-                a_half, a_quarter, *a_fine = (TensorDescriptor.from_tensor(a, [bm >> p, bk])
-                                              for p in range(1, 5))
             args = (a_desc, a_half, a_quarter, *a_fine, w_desc, w_half, out_desc, out,
                     offsets, table, N, K, E, nb, out.stride(0), num_progs)
             meta = {
@@ -968,8 +835,6 @@ class GroupedGemm(Launches, Kernel):
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
                 "SWAP_AB": bool(int(cfg["SWAP_AB"])),
                 "TAIL_FINE": tail_fine,
-                "TAIL_MERGE": tail_merge,
-                "W_REGS": int(cfg["W_REGS"]),
             }
             launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
             return launches, out
@@ -1163,21 +1028,12 @@ class GroupedGemm(Launches, Kernel):
                 return "TAIL_FINE needs TAIL_SPLIT=2, USE_TMA=1 and GLUON=0"
             if bm >> (2 + fine) < 16:
                 return f"TAIL_FINE={fine}: BLOCK_M={bm} >> {2 + fine} is below 16"
-        if int(cfg["TAIL_MERGE"]):
-            # Its own decomposition (one tail tile per expert), SWAP_AB's orientation,
-            # pieces down to BLOCK_M / 16 rows that tl.dot still takes.
-            if int(cfg["TAIL_MERGE"]) != 1:
-                return f"TAIL_MERGE={cfg['TAIL_MERGE']}: 0 or 1"
-            if split or fine or not int(cfg["SWAP_AB"]) or not int(cfg["BLOCK_TABLE"]):
-                return "TAIL_MERGE needs SWAP_AB=1, BLOCK_TABLE=1, TAIL_SPLIT=0, TAIL_FINE=0"
-            if bm // 16 < 16:
-                return f"TAIL_MERGE: BLOCK_M={bm} / 16 is below 16"
         window = int(cfg["TAIL_WINDOW"])
         if window < 0:
             return f"TAIL_WINDOW={window}: must be >= 0"
         # Only the table orders blocks, and only split tails give it smaller ones to order.
-        if window and not ((split or int(cfg["TAIL_MERGE"])) and int(cfg["BLOCK_TABLE"])):
-            return "TAIL_WINDOW > 0 needs BLOCK_TABLE=1 and TAIL_SPLIT >= 1 or TAIL_MERGE=1"
+        if window and not (split and int(cfg["BLOCK_TABLE"])):
+            return "TAIL_WINDOW > 0 needs BLOCK_TABLE=1 and TAIL_SPLIT >= 1"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

@@ -7,10 +7,10 @@ all 256 rows (cuBLAS's batched kernels put the tokens on that side too:
 ``nvjet_sm90_tst_128x256_...``). The price is a transposed accumulator at the store.
 Problems: the three routings of ``diag_grouped_steady`` and, with ``--study rows``,
 every expert at 768 / 776 / 800 / 832 rows. ``--study fine`` (with main and / or rows):
-the TAIL_FINE configs instead; ``--study merge``: the TAIL_MERGE ones. Each variant
-timed right before dense cuBLAS; every output checked first.
+the TAIL_FINE configs instead. Each variant timed right before dense cuBLAS;
+every output checked first.
 
-    python3 benchmarks/device/diag_grouped_swap.py [--study main,rows[,fine|merge]] [--rounds 5] \
+    python3 benchmarks/device/diag_grouped_swap.py [--study main,rows[,fine]] [--rounds 5] \
         [--rep 100]
 """
 
@@ -45,24 +45,6 @@ def fine_configs() -> dict[str, dict]:
     }
 
 
-def merge_configs() -> dict[str, dict]:
-    """TAIL_MERGE (each expert's remainder as one tile of pieces down to 16 rows) beside
-    the pack and the best TAIL_FINE config."""
-    pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
-    swap = {**pack, "SWAP_AB": 1, "TMA_STORE": 1}
-    merge = {**swap, "TAIL_SPLIT": 0, "TAIL_FINE": 0, "TAIL_MERGE": 1}
-    return {
-        "pack": pack,
-        "pack, TMA store, SWAP_AB, TAIL_FINE=2": {**swap, "TAIL_FINE": 2},
-        "pack, TMA store, SWAP_AB, TAIL_MERGE": merge,
-        "pack, TMA store, SWAP_AB, TAIL_MERGE, no window": {**merge, "TAIL_WINDOW": 0},
-        "pack, TMA store, SWAP_AB, TAIL_MERGE, W in registers (tails)": {**merge, "W_REGS": 1},
-        "pack, TMA store, SWAP_AB, TAIL_MERGE, W in registers (all)": {**merge, "W_REGS": 2},
-        "pack, TMA store, SWAP_AB, TAIL_FINE=2, W in registers (all)": {**swap, "TAIL_FINE": 2,
-                                                                       "W_REGS": 2},
-    }
-
-
 def configs() -> dict[str, dict]:
     """This GPU's pack and its neighbours, each with and without SWAP_AB."""
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
@@ -84,9 +66,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated config names to keep")
     args = ap.parse_args()
     fam = GroupedGemm()
-    studies = args.study.split(",")
-    cfgs = (fine_configs() if "fine" in studies else merge_configs() if "merge" in studies
-            else configs())
+    cfgs = fine_configs() if "fine" in args.study.split(",") else configs()
     if args.only:
         keep = set(args.only.split(","))
         cfgs = {k: v for k, v in cfgs.items() if k in keep}
