@@ -27,7 +27,7 @@ from benchmarks.device.diag_grouped_waves import pairs
 from harness import packs
 from kernels.grouped_gemm import GroupedGemm
 
-ROWS = (768, 776, 800, 832, 912, 944)
+ROWS = (768, 776, 800, 832)
 
 
 def fine_configs() -> dict[str, dict]:
