@@ -6,7 +6,7 @@
 # downloads the wheel, drops what a Hopper run does not load (the AMD backend's libraries,
 # CUPTI, proton, the Blackwell ptxas: the device's CUDA 13 ptxas stands in for it),
 # compresses the rest with xz (~106 MB for 3.9.0) and splits it into .tw1/ .tw2/ ...
-# (~36 MB each: with the ~19 MB of tracked files, one per call stays under the limit).
+# (40 MB each: with the ~19 MB of tracked files, one per call stays under the limit).
 #
 # On the device (a machine stays warm only 30 s after a call, so send the calls back to
 # back; the pieces wait in /tmp between them):
@@ -36,7 +36,7 @@ rm -rf "$nv/lib/cupti" "$nv/lib/cupti-blackwell" "$nv/bin/ptxas-blackwell" \
     "$work/x/triton/_C/libproton.so"
 tar -C "$work/x" -cf - . | xz -T0 -6 > "$work/t.tar.xz"
 rm -rf .tw[0-9]*
-split -b 35600000 -d "$work/t.tar.xz" "$work/part"
+split -b 40000000 -d "$work/t.tar.xz" "$work/part"
 n=1
 for p in "$work"/part*; do
     mkdir -p ".tw$n" && mv "$p" ".tw$n/"
