@@ -18,15 +18,10 @@ is timed right beside dense cuBLAS of the same FLOPs.
 from __future__ import annotations
 
 from benchmarks.device.diag_grouped_concurrent import split_problem
-from benchmarks.device.diag_grouped_steady import (
-    SHAPE,
-    make_problems,
-    time_and_report,
-    timing_args,
-    verify,
-)
+from benchmarks.device.diag_grouped_steady import SHAPE, dump_pairs, make_problems, timing_args
+from benchmarks.device.diag_grouped_waves import pairs
 from harness import packs
-from kernels.grouped_gemm import GroupedGemm, _dense_baseline, make_grouped_inputs
+from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
 
 
 def lognormal_blocks(bm: int = 256) -> list[int]:
@@ -61,27 +56,17 @@ def main() -> None:
     cfgs = {"pack": pack, "pack, SWAP_AB, TMA store": swap,
             "pack, SWAP_AB, TMA store, TAIL_FINE 2": {**swap, "TAIL_FINE": 2}}
     N, K = SHAPE["N"], SHAPE["K"]
-    problems = {name: make_grouped_inputs(counts, N, K, "bf16", seed=i, device="cuda")
+    problems = {name: (make_grouped_inputs(counts, N, K, "bf16", seed=i, device="cuda"), SHAPE)
                 for i, (name, counts) in enumerate(block_routings().items())}
     whole = make_problems(fam)
-    shapes = dict.fromkeys(problems, SHAPE)
     for k in ("log-normal", "uniform"):
-        problems[f"whole {k}"], shapes[f"whole {k}"] = whole[k], SHAPE
+        problems[f"whole {k}"] = (whole[k], SHAPE)
         # Session 16's "full blocks only" problem, here against dense cuBLAS at its own M.
         pi, ps, _, _ = split_problem(whole[k], full_only=True)
-        name = f"{k}, full blocks only ({ps['M']} rows), dense at that M"
-        problems[name], shapes[name] = pi, ps
-    fns: dict = {}
-    dense: dict = {}
-    notes: dict = {}
-    for prob, inputs in problems.items():
-        shape = shapes[prob]
-        ref = fam.reference(inputs, shape)
-        verify({name: (lambda c=c, i=inputs, s=shape: fam.launcher(i, s, c))
-                for name, c in cfgs.items()}, ref, prob, fns, notes)
-        del ref
-        dense[prob] = _dense_baseline(inputs, shape)
-    time_and_report(fns, dense, notes, args.rounds, args.rep, args.json, configs=cfgs)
+        problems[f"{k}, full blocks only ({ps['M']} rows), dense at that M"] = (pi, ps)
+    times, ratios, dense_ms = pairs(fam, problems, cfgs, args.rounds, args.rep)
+    if args.json:
+        dump_pairs(args.json, times, ratios, dense_ms, {}, configs=cfgs)
     print(f"pack: {pack}")
 
 

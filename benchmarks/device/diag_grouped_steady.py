@@ -79,11 +79,11 @@ def equal_rows(rows: tuple[int, ...]) -> dict[str, tuple[dict, dict]]:
             for r in rows}
 
 
-def timing_args(rounds: int = 5, rep: int = 100, study: str | None = None,
-                help_: str = "") -> argparse.ArgumentParser:
+def timing_args(rounds: int = 5, rep: int = 100,
+                study: str | None = None) -> argparse.ArgumentParser:
     """The diagnostics' common options: --rounds, --rep (do_bench ms), --json (raw
     output), and --study where a script has several."""
-    ap = argparse.ArgumentParser(description=help_)
+    ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--rep", type=int, default=rep)
     ap.add_argument("--json", default="")
