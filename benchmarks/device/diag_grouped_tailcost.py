@@ -1,0 +1,97 @@
+"""What would the grouped GEMM's tail tiles cost if they streamed no weights?
+
+Session 17 found the realistic routings' whole gap to 90 % of dense in the experts' last
+partial blocks (the tails): ~20 % of the time for ~16 % of the rows. The one design not
+built against it, a 2-CTA cluster whose tail tile receives its expert's W box by TMA
+multicast from the last full tile, can at best make a tail's W stream free. This script
+times that best case and its neighbours with the kernel's diagnostic ``TAIL_EMU`` (tail
+tiles only; full tiles unchanged):
+
+- 1: the tail tile loads its W box once and multiplies it at every K step (no W stream:
+  a bound on anything that shares or multicasts the tails' weights);
+- 2: the same for its A box too (nothing streamed: only the tails' MMAs and stores left);
+- 3: the tail tile returns at once (the tails cost nothing).
+
+Their outputs are wrong in the tail rows on purpose, so only the rows of full 256-row
+blocks are checked; the real kernel is checked whole and timed twice (the run's noise
+floor). The balanced routing has no tails: there every variant is the same work, so it
+shows whether the diagnostic moved the full tiles' code. Each variant is timed right
+beside dense cuBLAS of the same FLOPs.
+
+    python3 benchmarks/device/diag_grouped_tailcost.py [--rounds 7] [--rep 100] [--json F]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.device.diag_grouped_steady import (
+    SHAPE,
+    dump_pairs,
+    make_problems,
+    paired_rounds,
+    print_pairs,
+    timing_args,
+    verify,
+)
+from harness import packs
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline
+
+EMU = {1: "tails stream no W", 2: "tails stream nothing", 3: "tails skipped"}
+
+
+def full_block_rows(offsets: list[int], bm: int = 256) -> torch.Tensor:
+    """A mask of the rows that lie in an expert's whole ``bm``-row blocks."""
+    keep = torch.zeros(offsets[-1], dtype=torch.bool)
+    for lo, hi in zip(offsets[:-1], offsets[1:], strict=True):
+        keep[lo: lo + (hi - lo) // bm * bm] = True
+    return keep
+
+
+def configs() -> dict[str, dict]:
+    """Session 17's best realistic config (this GPU's pack + SWAP_AB, TMA store,
+    TAIL_FINE=2), twice, and its TAIL_EMU variants."""
+    pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
+    best = {**pack, "SWAP_AB": 1, "TMA_STORE": 1, "TAIL_FINE": 2}
+    out = {"real": best}
+    out |= {f"TAIL_EMU={k}: {v}": {**best, "TAIL_EMU": k} for k, v in EMU.items()}
+    out["real (again)"] = dict(best)
+    return out
+
+
+def main() -> None:
+    args = timing_args(rounds=7).parse_args()
+    fam = GroupedGemm()
+    cfgs = configs()
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict[str, str] = {}
+    for prob, inputs in make_problems(fam).items():
+        ref = fam.reference(inputs, SHAPE)
+        real = {n: c for n, c in cfgs.items() if "TAIL_EMU" not in c}
+        verify({n: (lambda c=c, i=inputs: fam.launcher(i, SHAPE, c)) for n, c in real.items()},
+               ref, prob, fns, notes)
+        keep = full_block_rows(inputs["offsets_host"]).to(ref.device)
+        for name, cfg in cfgs.items():
+            if name in real:
+                continue
+            try:
+                fn = fam.launcher(inputs, SHAPE, cfg)
+                torch.testing.assert_close(fn().float()[keep], ref[keep], atol=2e-2, rtol=2e-2)
+                fns[(prob, name)] = fn
+            except Exception as exc:  # reported, not fatal
+                notes[f"{prob} {name}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        dense[prob] = _dense_baseline(inputs, SHAPE)
+        del ref
+    times, ratios, dense_ms = paired_rounds(fns, dense, args.rounds, args.rep)
+    print_pairs(times, ratios, args.rounds, args.rep)
+    for k, v in notes.items():
+        print("note:", k, v)
+    for name, cfg in cfgs.items():
+        print(f"{name}: {cfg}")
+    if args.json:
+        dump_pairs(args.json, times, ratios, dense_ms, notes, configs=cfgs)
+
+
+if __name__ == "__main__":
+    main()
