@@ -18,13 +18,17 @@ floor). The balanced routing has no tails: there every variant is the same work,
 shows whether the diagnostic moved the full tiles' code. Each variant is timed right
 beside dense cuBLAS of the same FLOPs.
 
-    python3 benchmarks/device/diag_grouped_tailcost.py [--rounds 7] [--rep 100] [--json F]
+Study ``fixed`` (see ``fixed_configs``): what a tail tile costs beyond its work.
+
+    python3 benchmarks/device/diag_grouped_tailcost.py [--study main|fixed] [--rounds 7] \
+        [--rep 100] [--json F]
 """
 
 from __future__ import annotations
 
 import torch
 
+from benchmarks.device.diag_grouped_concurrent import split_problem
 from benchmarks.device.diag_grouped_steady import (
     SHAPE,
     dump_pairs,
@@ -48,40 +52,74 @@ def full_block_rows(offsets: list[int], bm: int = 256) -> torch.Tensor:
     return keep
 
 
-def configs() -> dict[str, dict]:
-    """Session 17's best realistic config (this GPU's pack + SWAP_AB, TMA store,
-    TAIL_FINE=2), twice, and its TAIL_EMU variants."""
+def best_config() -> dict:
+    """Session 17's best realistic config: this GPU's pack + SWAP_AB, TMA store,
+    TAIL_FINE=2."""
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
-    best = {**pack, "SWAP_AB": 1, "TMA_STORE": 1, "TAIL_FINE": 2}
+    return {**pack, "SWAP_AB": 1, "TMA_STORE": 1, "TAIL_FINE": 2}
+
+
+def configs() -> dict[str, dict]:
+    """The best config, twice, and its TAIL_EMU variants."""
+    best = best_config()
     out = {"real": best}
     out |= {f"TAIL_EMU={k}: {v}": {**best, "TAIL_EMU": k} for k, v in EMU.items()}
     out["real (again)"] = dict(best)
     return out
 
 
+def fixed_configs() -> dict[str, dict]:
+    """Study ``fixed``: does a tail tile cost a CTA's fixed price (launch, table lookup,
+    pipeline fill and drain) as well as its work? The best config and its skipped tails,
+    one CTA per tile and persistent (one program per SM striding over the tiles, where a
+    skipped tile costs only its lookup), and the persistent Gluon engine, whose loads run
+    across tile boundaries (fixed stride and counter)."""
+    best = best_config()
+    pers = {**best, "PERSISTENT": 1}
+    gluon = {**best, "GLUON": 2, "SWAP_AB": 0, "TAIL_FINE": 0, "PERSISTENT": 1,
+             "TAIL_SPLIT": 2, "BLOCK_K": 64, "num_stages": 3, "GROUP_M": 1, "TAIL_WINDOW": 0}
+    return {"real": best, "TAIL_EMU=3: tails skipped": {**best, "TAIL_EMU": 3},
+            "persistent": pers, "persistent, TAIL_EMU=3": {**pers, "TAIL_EMU": 3},
+            "Gluon, counter": gluon, "Gluon, stride": {**gluon, "GLUON": 1},
+            "real (again)": dict(best)}
+
+
+def fixed_problems(fam: GroupedGemm) -> dict[str, tuple[dict, dict]]:
+    """The two realistic routings whole, and the log-normal one's full 256-row blocks
+    alone (every expert's rows past its last full block taken out) at their own M."""
+    whole = make_problems(fam)
+    pi, ps, _, _ = split_problem(whole["log-normal"], full_only=True)
+    return {"log-normal": (whole["log-normal"], SHAPE), "uniform": (whole["uniform"], SHAPE),
+            f"log-normal full blocks only (M={ps['M']})": (pi, ps)}
+
+
 def main() -> None:
-    args = timing_args(rounds=7).parse_args()
+    args = timing_args(rounds=7, study="main").parse_args()
     fam = GroupedGemm()
-    cfgs = configs()
+    if args.study == "fixed":
+        cfgs, problems = fixed_configs(), fixed_problems(fam)
+    else:
+        cfgs = configs()
+        problems = {p: (i, SHAPE) for p, i in make_problems(fam).items()}
     fns: dict = {}
     dense: dict = {}
     notes: dict[str, str] = {}
-    for prob, inputs in make_problems(fam).items():
-        ref = fam.reference(inputs, SHAPE)
+    for prob, (inputs, shape) in problems.items():
+        ref = fam.reference(inputs, shape)
         real = {n: c for n, c in cfgs.items() if "TAIL_EMU" not in c}
-        verify({n: (lambda c=c, i=inputs: fam.launcher(i, SHAPE, c)) for n, c in real.items()},
-               ref, prob, fns, notes)
+        verify({n: (lambda c=c, i=inputs, s=shape: fam.launcher(i, s, c))
+                for n, c in real.items()}, ref, prob, fns, notes)
         keep = full_block_rows(inputs["offsets_host"]).to(ref.device)
         for name, cfg in cfgs.items():
             if name in real:
                 continue
             try:
-                fn = fam.launcher(inputs, SHAPE, cfg)
+                fn = fam.launcher(inputs, shape, cfg)
                 torch.testing.assert_close(fn().float()[keep], ref[keep], atol=2e-2, rtol=2e-2)
                 fns[(prob, name)] = fn
             except Exception as exc:  # reported, not fatal
                 notes[f"{prob} {name}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        dense[prob] = _dense_baseline(inputs, SHAPE)
+        dense[prob] = _dense_baseline(inputs, shape)
         del ref
     times, ratios, dense_ms = paired_rounds(fns, dense, args.rounds, args.rep)
     print_pairs(times, ratios, args.rounds, args.rep)
