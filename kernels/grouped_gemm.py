@@ -434,7 +434,8 @@ def _gemm_tile_tma(
     EMU (a diagnostic for the tail tiles, wrong results on purpose): 1 loads the W box
     once and multiplies it at every K step (the tile streams no W), 2 does the same for
     the A box too (it streams nothing), 3 returns at once (the tile costs nothing).
-    ``_gemm_tile_tma_any``'s TAIL_EMU=4 returns at once from every tile: the grid alone."""
+    ``_gemm_tile_tma_any``'s TAIL_EMU=4 returns at once from every tile but the first
+    (which keeps the kernel's shared memory, so one CTA per SM as in the real launch)."""
     # TMA coordinates are int32: E*N and M stay far below 2**31 rows.
     w_row = expert * N + n0
     if EMU == 3:
@@ -505,30 +506,32 @@ def _gemm_tile_tma_any(
     )
     if expert < 0:
         pass
+    elif TAIL_EMU == 4 and tile > 0:
+        pass
     elif TAIL_FINE >= 2 and h == 4:
         _gemm_tile_tma(m0, n0, expert, row_end, a_fine[1], w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 16, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, TAIL_EMU - TAIL_EMU // 4)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_FINE >= 1 and h == 3:
         _gemm_tile_tma(m0, n0, expert, row_end, a_fine[0], w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 8, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, TAIL_EMU - TAIL_EMU // 4)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, TAIL_EMU - TAIL_EMU // 4)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, TAIL_EMU - TAIL_EMU // 4)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, TAIL_EMU // 4 * 3)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
     else:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N, BLOCK_K, TMA_STORE, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, TAIL_EMU // 4 * 3)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
 
 
 @triton.jit
