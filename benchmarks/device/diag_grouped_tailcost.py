@@ -12,16 +12,18 @@ tiles only; full tiles unchanged):
 - 2: the same for its A box too (nothing streamed: only the tails' MMAs and stores left);
 - 3: the tail tile returns at once (the tails cost nothing).
 
-Their outputs are wrong in the tail rows on purpose, so only the rows of full 256-row
-blocks are checked; the real kernel is checked whole and timed twice (the run's noise
-floor). The balanced routing has no tails: there every variant is the same work, so it
-shows whether the diagnostic moved the full tiles' code. Each variant is timed right
-beside dense cuBLAS of the same FLOPs.
+"Tail" is every tile past an expert's last whole 256-row block, including a remainder
+of 193-255 rows that runs as one padded full-height tile. The variants' outputs are wrong
+in those rows on purpose, so only the rows of whole blocks are checked; the real kernel
+is checked whole and timed twice (the run's noise floor). The balanced routing has no
+tails: there every variant is the same work, so it shows whether the diagnostic moved
+the full tiles' code. The log-normal routing's whole blocks alone, at their own M, run
+beside them. Each variant is timed right beside dense cuBLAS of the same FLOPs.
 
 Study ``fixed`` (see ``fixed_configs``): what a tail tile costs beyond its work. Study
 ``grid``: the launch with every tile but one returning at once (TAIL_EMU=4).
 
-    python3 benchmarks/device/diag_grouped_tailcost.py [--study main|fixed] [--rounds 7] \
+    python3 benchmarks/device/diag_grouped_tailcost.py [--study main|fixed|grid] [--rounds 7] \
         [--rep 100] [--json F]
 """
 
@@ -110,6 +112,7 @@ def main() -> None:
     else:
         cfgs = configs()
         problems = {p: (i, SHAPE) for p, i in make_problems(fam).items()}
+        problems |= {k: v for k, v in fixed_problems(fam).items() if "full blocks" in k}
     fns: dict = {}
     dense: dict = {}
     notes: dict[str, str] = {}
