@@ -524,11 +524,6 @@ def _gemm_tile_tma_any(
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
                        WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
-    elif TAIL_EMU > 0 and TAIL_EMU < 4 and m0 + BLOCK_M > row_end:
-        # The diagnostic's tails include a remainder run as one padded full-height tile.
-        _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_desc, out_desc, out_ptr, N, K,
-                       stride_om, BLOCK_M, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,

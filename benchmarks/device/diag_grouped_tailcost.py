@@ -10,15 +10,18 @@ tiles only; full tiles unchanged):
 - 1: the tail tile loads its W box once and multiplies it at every K step (no W stream:
   a bound on anything that shares or multicasts the tails' weights);
 - 2: the same for its A box too (nothing streamed: only the tails' MMAs and stores left);
-- 3: the tail tile returns at once (the tails cost nothing).
+- 3: the tail tile returns at once (the tails cost nothing but their CTAs' launch).
 
-"Tail" is every tile past an expert's last whole 256-row block, including a remainder
-of 193-255 rows that runs as one padded full-height tile. The variants' outputs are wrong
-in those rows on purpose, so only the rows of whole blocks are checked; the real kernel
-is checked whole and timed twice (the run's noise floor). The balanced routing has no
-tails: there every variant is the same work, so it shows whether the diagnostic moved
-the full tiles' code. The log-normal routing's whole blocks alone, at their own M, run
-beside them. Each variant is timed right beside dense cuBLAS of the same FLOPs.
+"Tail" here is a tile of the table's classes 1 and up (half, quarter and finer pieces);
+a remainder of 193-255 rows runs as one padded full-height tile (class 0) and stays real
+in every variant: a runtime branch that caught those too made the full tiles' code 12
+points slower (session 18 call 4, balanced routing), so it was taken out. The variants'
+outputs are wrong in the tails' rows on purpose, so only the rows of whole 256-row
+blocks are checked; the real kernel is checked whole and timed twice (the run's noise
+floor). The balanced routing has no tails: there every variant is the same work, so it
+shows whether the diagnostic moved the full tiles' code. The log-normal routing's whole
+blocks alone, at their own M, run beside them. Each variant is timed right beside
+dense cuBLAS of the same FLOPs.
 
 Study ``fixed`` (see ``fixed_configs``): what a tail tile costs beyond its work. Study
 ``grid``: the launch with every tile but one returning at once (TAIL_EMU=4).
@@ -48,7 +51,8 @@ EMU = {1: "tails stream no W", 2: "tails stream nothing", 3: "tails skipped"}
 
 
 def full_block_rows(offsets: list[int], bm: int = 256) -> torch.Tensor:
-    """A mask of the rows that lie in an expert's whole ``bm``-row blocks."""
+    """A mask of the rows that lie in an expert's whole ``bm``-row blocks (what every
+    variant computes)."""
     keep = torch.zeros(offsets[-1], dtype=torch.bool)
     for lo, hi in zip(offsets[:-1], offsets[1:], strict=True):
         keep[lo: lo + (hi - lo) // bm * bm] = True
