@@ -990,6 +990,8 @@ class GroupedGemm(Launches, Kernel):
         warps, stages = int(cfg["num_warps"]), int(cfg["num_stages"])
         N, K = int(shape["N"]), int(shape["K"])
 
+        if int(cfg.get("TAIL_EMU", 0)):
+            return "TAIL_EMU is a diagnostic (wrong tail rows on purpose), not a tunable"
         # AMD launch knobs are refused by the NVIDIA backend; the launcher drops them
         # there, so such a config would only repeat the one without them.
         amd_keys = [k for k in _AMD_KWARGS if k in config]

@@ -367,6 +367,8 @@ def test_tail_emu_changes_only_the_tail_tiles(emu: int) -> None:
     tol = KERNEL.tolerance("fp16", config)
     torch.testing.assert_close(out[exact], ref[exact], atol=tol.atol, rtol=tol.rtol)
     assert not torch.allclose(out[~exact], ref[~exact], atol=tol.atol, rtol=tol.rtol)
+    # A search never runs it.
+    assert "diagnostic" in KERNEL.check_config(config, shape, H100)
 
 
 def test_tail_fine_pruning() -> None:
