@@ -415,6 +415,7 @@ def _gemm_tile_tma(
     IEEE: tl.constexpr,
     WARP_SPEC_K: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    EMU: tl.constexpr = 0,
 ):
     """The output tile at (m0, n0) of ``expert`` with TMA loads: ``a_desc`` covers
     A [M, K] in [BLOCK_M, BLOCK_K] boxes, ``w_desc`` covers W viewed as [E*N, K] in
@@ -428,17 +429,35 @@ def _gemm_tile_tma(
     SWAP_AB computes the tile transposed, W_tile @ A_tile^T, so that the rows of A are
     wgmma's N (up to 256 wide in one instruction) and W's rows its M: each wgmma then
     reads its W slice once for all BLOCK_M rows instead of once per 64 of them. The
-    accumulator is transposed back before the store."""
+    accumulator is transposed back before the store.
+
+    EMU (a diagnostic for the tail tiles, wrong results on purpose): 1 loads the W box
+    once and multiplies it at every K step (the tile streams no W), 2 does the same for
+    the A box too (it streams nothing), 3 returns at once (the tile costs nothing).
+    ``_gemm_tile_tma_any``'s TAIL_EMU=4 returns at once from every tile but the first
+    (which keeps the kernel's shared memory, so one CTA per SM as in the real launch)."""
     # TMA coordinates are int32: E*N and M stay far below 2**31 rows.
     w_row = expert * N + n0
+    if EMU == 3:
+        return
+    if EMU >= 1:
+        b0 = w_desc.load([w_row, 0])
+    if EMU >= 2:
+        a0 = a_desc.load([m0, 0])
 
     if SWAP_AB:
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPEC_K):
-        a = a_desc.load([m0, k * BLOCK_K])
-        b = w_desc.load([w_row, k * BLOCK_K])
+        if EMU >= 2:
+            a = a0
+        else:
+            a = a_desc.load([m0, k * BLOCK_K])
+        if EMU >= 1:
+            b = b0
+        else:
+            b = w_desc.load([w_row, k * BLOCK_K])
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -474,7 +493,7 @@ def _gemm_tile_tma_any(
     GROUP_M: tl.constexpr, BLOCK_TABLE: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, WARP_SPEC_K: tl.constexpr,
-    SWAP_AB: tl.constexpr, TAIL_FINE: tl.constexpr,
+    SWAP_AB: tl.constexpr, TAIL_FINE: tl.constexpr, TAIL_EMU: tl.constexpr = 0,
 ):
     """Tile ``tile`` of the TMA kernel; TAIL_SPLIT as in ``_gemm_tile_any``, with the
     A boxes of ``a_half`` / ``a_quarter`` and the half-width W boxes of ``w_half`` (the
@@ -487,22 +506,24 @@ def _gemm_tile_tma_any(
     )
     if expert < 0:
         pass
+    elif TAIL_EMU == 4 and tile > 0:
+        pass
     elif TAIL_FINE >= 2 and h == 4:
         _gemm_tile_tma(m0, n0, expert, row_end, a_fine[1], w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 16, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_FINE >= 1 and h == 3:
         _gemm_tile_tma(m0, n0, expert, row_end, a_fine[0], w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 8, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_SPLIT >= 2 and h == 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_quarter, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 4, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_SPLIT >= 1 and h == 1:
         _gemm_tile_tma(m0, n0, expert, row_end, a_half, w_desc, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M // 2, BLOCK_N, BLOCK_K, False, UPCAST, IEEE,
-                       WARP_SPEC_K, SWAP_AB)  # fmt: skip
+                       WARP_SPEC_K, SWAP_AB, TAIL_EMU)  # fmt: skip
     elif TAIL_SPLIT >= 1 and N - n0 <= BLOCK_N // 2:
         _gemm_tile_tma(m0, n0, expert, row_end, a_desc, w_half, out_desc, out_ptr, N, K,
                        stride_om, BLOCK_M, BLOCK_N // 2, BLOCK_K, False, UPCAST, IEEE,
@@ -547,6 +568,7 @@ def _grouped_gemm_tma_kernel(
     WARP_SPEC: tl.constexpr,
     SWAP_AB: tl.constexpr,
     TAIL_FINE: tl.constexpr,
+    TAIL_EMU: tl.constexpr = 0,
 ):
     """USE_TMA=1: the same tile mapping as ``_grouped_gemm_kernel``, host-built tensor
     descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) for A, W and out.
@@ -571,7 +593,7 @@ def _grouped_gemm_tma_kernel(
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
-                False, SWAP_AB, TAIL_FINE,
+                False, SWAP_AB, TAIL_FINE, TAIL_EMU,
             )  # fmt: skip
     else:
         if pid < total_tiles:
@@ -581,7 +603,7 @@ def _grouped_gemm_tma_kernel(
                 e_idx, starts, ends, nblk, cum, table_ptr, NB, num_pid_m, num_pid_n,
                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BLOCK_TABLE, TAIL_SPLIT, TMA_STORE,
                 UPCAST, IEEE,
-                WARP_SPEC, SWAP_AB, TAIL_FINE,
+                WARP_SPEC, SWAP_AB, TAIL_FINE, TAIL_EMU,
             )  # fmt: skip
 
 
@@ -835,6 +857,8 @@ class GroupedGemm(Launches, Kernel):
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
                 "SWAP_AB": bool(int(cfg["SWAP_AB"])),
                 "TAIL_FINE": tail_fine,
+                # A diagnostic only (diag_grouped_tailcost.py), in no search space.
+                "TAIL_EMU": int(cfg.get("TAIL_EMU", 0)),
             }
             launches.append(Launch(_grouped_gemm_tma_kernel, grid, args, meta))
             return launches, out
@@ -966,6 +990,8 @@ class GroupedGemm(Launches, Kernel):
         warps, stages = int(cfg["num_warps"]), int(cfg["num_stages"])
         N, K = int(shape["N"]), int(shape["K"])
 
+        if int(cfg.get("TAIL_EMU", 0)):
+            return "TAIL_EMU is a diagnostic (wrong tail rows on purpose), not a tunable"
         # AMD launch knobs are refused by the NVIDIA backend; the launcher drops them
         # there, so such a config would only repeat the one without them.
         amd_keys = [k for k in _AMD_KWARGS if k in config]

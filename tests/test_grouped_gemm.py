@@ -346,6 +346,31 @@ def test_tail_fine(extra: dict) -> None:
     _check(inputs, _shape(counts, 64, 64), config, "fp16")
 
 
+@pytest.mark.parametrize("emu", [1, 2, 3])
+def test_tail_emu_changes_only_the_tail_tiles(emu: int) -> None:
+    """TAIL_EMU (diag_grouped_tailcost.py's bound) leaves every row outside the table's
+    tail pieces exact, the whole blocks and a remainder run as one padded full-height
+    tile (the 250 rows of the fourth expert) included, and does change the tail rows:
+    a tail that multiplied its real data would make the bound no bound."""
+    counts = [300, 17, 600, 250, 90]
+    inputs = make_grouped_inputs(counts, 64, 128, "fp16", seed=7, device="cpu")
+    shape = _shape(counts, 64, 128)
+    config = {"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64, "USE_TMA": 1, "BLOCK_TABLE": 1,
+              "TAIL_SPLIT": 2, "TAIL_FINE": 2, "SWAP_AB": 1, "TAIL_EMU": emu}
+    out = KERNEL.launcher(inputs, shape, config)().float()
+    ref = KERNEL.reference(inputs, shape)
+    offs = grouped_gemm.counts_to_offsets(counts)
+    exact = torch.zeros(shape["M"], dtype=torch.bool)
+    for lo, hi in zip(offs[:-1], offs[1:], strict=True):
+        rem = (hi - lo) % 256
+        exact[lo: hi - rem if rem <= 192 else hi] = True
+    tol = KERNEL.tolerance("fp16", config)
+    torch.testing.assert_close(out[exact], ref[exact], atol=tol.atol, rtol=tol.rtol)
+    assert not torch.allclose(out[~exact], ref[~exact], atol=tol.atol, rtol=tol.rtol)
+    # A search never runs it.
+    assert "diagnostic" in KERNEL.check_config(config, shape, H100)
+
+
 def test_tail_fine_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
     fine = {"USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "BLOCK_M": 256, "TAIL_FINE": 2}
