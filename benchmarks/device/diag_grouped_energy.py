@@ -4,7 +4,8 @@ Under the GPUs' 700 W cap a kernel's speed is its energy per FLOP (README, "wher
 goes"). This times each variant in windows of back-to-back launches and reads the GPU's
 energy counter (NVML's total energy, through the driver's own ``libnvidia-ml``) around
 each window: time, energy and mean power per launch, and the SM clock in the middle of
-the window. Variants: session 17's best config, this GPU's pack, torch._grouped_mm,
+the window. Variants: session 17's best config, this GPU's pack, the persistent Gluon
+engine (fixed stride, ``diag_grouped_tailcost.fixed_configs``), torch._grouped_mm,
 cuBLAS's batched GEMM (balanced routing only: every expert the same rows) and dense
 cuBLAS of the same FLOPs, on the log-normal, balanced and uniform routings. Every output
 is checked first; rounds interleave the variants.
@@ -24,6 +25,7 @@ import torch
 
 from benchmarks.device.diag_grouped_bound import bmm
 from benchmarks.device.diag_grouped_steady import SHAPE, make_problems, verify
+from benchmarks.device.diag_grouped_tailcost import fixed_configs
 from harness import packs
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline, _grouped_mm_baseline
 
@@ -90,6 +92,7 @@ def main() -> None:
     nvml = Nvml()
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
     best = {**pack, "SWAP_AB": 1, "TMA_STORE": 1, "TAIL_FINE": 2}
+    gluon = fixed_configs()["Gluon, stride"]
     fns: dict = {}
     notes: dict[str, str] = {}
     for prob, inputs in make_problems(fam).items():
@@ -97,6 +100,7 @@ def main() -> None:
         cands = {"best (pack + SWAP_AB, TMA store, TAIL_FINE=2)":
                  lambda i=inputs: fam.launcher(i, SHAPE, best),
                  "pack": lambda i=inputs: fam.launcher(i, SHAPE, pack),
+                 "Gluon engine, stride": lambda i=inputs: fam.launcher(i, SHAPE, gluon),
                  "torch._grouped_mm": lambda i=inputs: _grouped_mm_baseline(i, SHAPE)}
         if prob == "balanced":
             cands["cuBLAS bmm"] = lambda i=inputs: bmm(i, False)[0]
@@ -124,7 +128,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": {f"{p} | {n}": v for (p, n), v in res.items()},
-                       "notes": notes, "best": best, "pack": pack,
+                       "notes": notes, "best": best, "pack": pack, "gluon": gluon,
                        "device": torch.cuda.get_device_name()}, f, indent=1)
 
 
