@@ -88,6 +88,11 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=1.0)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    if args.window < 1.0:
+        # NVML's energy counter moves in steps: a 0.3 s window read 938 W for cuBLAS's
+        # bmm on a 700 W H100 (session 18 call 15).
+        ap.error(f"--window {args.window}: under 1 s the energy counter's steps show, "
+                 "not the power")
     fam = GroupedGemm()
     nvml = Nvml()
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
