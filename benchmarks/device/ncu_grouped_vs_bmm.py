@@ -1,0 +1,38 @@
+"""One launch each, for Nsight Compute, of what the balanced routing's gap is made of:
+the grouped GEMM's best config, cuBLAS's batched GEMM and dense cuBLAS, on the balanced
+routing (every expert 768 rows) at the MoE shape. Session 18's energy study found cuBLAS's
+bmm doing the same work in 15-24 % fewer SM cycles; the sections below say where the
+grouped kernel's cycles go (tensor pipe activity, warp stalls, memory).
+
+    ncu --section SpeedOfLight --section ComputeWorkloadAnalysis \\
+        --section WarpStateStats --section MemoryWorkloadAnalysis \\
+        -k regex:'_grouped_gemm_tma_kernel|nvjet|gemm' \\
+        python3 benchmarks/device/ncu_grouped_vs_bmm.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.device.diag_grouped_bound import bmm
+from benchmarks.device.diag_grouped_steady import SHAPE, make_problems
+from benchmarks.device.diag_grouped_tailcost import best_config
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline
+
+
+def main() -> None:
+    fam = GroupedGemm()
+    inputs = make_problems(fam)["balanced"]
+    ref = fam.reference(inputs, SHAPE)
+    runs = {"grouped GEMM, best config": fam.launcher(inputs, SHAPE, best_config()),
+            "cuBLAS bmm": bmm(inputs, False)[0]}
+    for name, fn in runs.items():
+        torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
+        print("checked:", name, flush=True)
+    _dense_baseline(inputs, SHAPE)()
+    torch.cuda.synchronize()
+    print("dense cuBLAS launched", flush=True)
+
+
+if __name__ == "__main__":
+    main()
