@@ -4,10 +4,12 @@ routing (every expert 768 rows) at the MoE shape. Session 18's energy study foun
 bmm doing the same work in 15-24 % fewer SM cycles; the sections below say where the
 grouped kernel's cycles go (tensor pipe activity, warp stalls, memory).
 
-    ncu --section SpeedOfLight --section ComputeWorkloadAnalysis \\
-        --section WarpStateStats --section MemoryWorkloadAnalysis \\
-        -k regex:'_grouped_gemm_tma_kernel|nvjet|gemm' \\
-        python3 benchmarks/device/ncu_grouped_vs_bmm.py
+    ncu --nvtx --nvtx-include "profile/" --section SpeedOfLight \\
+        --section ComputeWorkloadAnalysis --section WarpStateStats \\
+        --section MemoryWorkloadAnalysis python3 benchmarks/device/ncu_grouped_vs_bmm.py
+
+Every output is checked first, outside the NVTX range "profile"; inside it each runs once
+(the grouped GEMM's launches: its block table, then the GEMM).
 """
 
 from __future__ import annotations
@@ -29,9 +31,15 @@ def main() -> None:
     for name, fn in runs.items():
         torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
         print("checked:", name, flush=True)
-    _dense_baseline(inputs, SHAPE)()
+    runs["dense cuBLAS, same FLOPs"] = _dense_baseline(inputs, SHAPE)
+    runs["dense cuBLAS, same FLOPs"]()
     torch.cuda.synchronize()
-    print("dense cuBLAS launched", flush=True)
+    torch.cuda.nvtx.range_push("profile")
+    for name, fn in runs.items():
+        fn()
+        torch.cuda.synchronize()
+        print("profiled:", name, flush=True)
+    torch.cuda.nvtx.range_pop()
 
 
 if __name__ == "__main__":
