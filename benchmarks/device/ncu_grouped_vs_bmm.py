@@ -1,5 +1,6 @@
 """One launch each, for Nsight Compute, of what the balanced routing's gap is made of:
-the grouped GEMM's best config, cuBLAS's batched GEMM and dense cuBLAS, on the balanced
+the grouped GEMM's best config, its persistent Gluon engine (fixed stride), cuBLAS's
+batched GEMM and dense cuBLAS, on the balanced
 routing (every expert 768 rows) at the MoE shape. Session 18's energy study found cuBLAS's
 bmm doing the same work in 15-24 % fewer SM cycles; the sections below say where the
 grouped kernel's cycles go (tensor pipe activity, warp stalls, memory).
@@ -9,7 +10,7 @@ grouped kernel's cycles go (tensor pipe activity, warp stalls, memory).
         --section MemoryWorkloadAnalysis python3 benchmarks/device/ncu_grouped_vs_bmm.py
 
 Every output is checked first, outside the NVTX range "profile"; inside it each runs once
-(the grouped GEMM's launches: its block table, then the GEMM).
+(each grouped GEMM's launches: its block table, then the GEMM).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from benchmarks.device.diag_grouped_bound import bmm
 from benchmarks.device.diag_grouped_steady import SHAPE, make_problems
-from benchmarks.device.diag_grouped_tailcost import best_config
+from benchmarks.device.diag_grouped_tailcost import best_config, fixed_configs
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline
 
 
@@ -27,6 +28,8 @@ def main() -> None:
     inputs = make_problems(fam)["balanced"]
     ref = fam.reference(inputs, SHAPE)
     runs = {"grouped GEMM, best config": fam.launcher(inputs, SHAPE, best_config()),
+            "Gluon engine, stride": fam.launcher(inputs, SHAPE,
+                                                 fixed_configs()["Gluon, stride"]),
             "cuBLAS bmm": bmm(inputs, False)[0]}
     for name, fn in runs.items():
         torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
