@@ -1,7 +1,7 @@
 """One launch each, for Nsight Compute, of what the balanced routing's gap is made of:
 the grouped GEMM's best config, its persistent Gluon engine (fixed stride), cuBLAS's
-batched GEMM and dense cuBLAS, on the balanced
-routing (every expert 768 rows) at the MoE shape. Session 18's energy study found cuBLAS's
+batched GEMM and dense cuBLAS, on the balanced routing (every expert 768 rows) at the
+MoE shape. Session 18's energy study found cuBLAS's
 bmm doing the same work in 15-24 % fewer SM cycles; the sections below say where the
 grouped kernel's cycles go (tensor pipe activity, warp stalls, memory).
 
