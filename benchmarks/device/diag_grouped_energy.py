@@ -5,7 +5,7 @@ goes"). This times each variant in windows of back-to-back launches and reads th
 energy counter (NVML's total energy, through the driver's own ``libnvidia-ml``) around
 each window: time, energy and mean power per launch, and the SM clock in the middle of
 the window. Variants: session 17's best config, this GPU's pack, the persistent Gluon
-engine (fixed stride, ``diag_grouped_tailcost.fixed_configs``), torch._grouped_mm,
+engine (fixed stride, ``diag_grouped_tailcost.gluon_config``), torch._grouped_mm,
 cuBLAS's batched GEMM (balanced routing only: every expert the same rows) and dense
 cuBLAS of the same FLOPs, on the log-normal, balanced and uniform routings. Every output
 is checked first; rounds interleave the variants.
@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.device.diag_grouped_bound import bmm
 from benchmarks.device.diag_grouped_steady import SHAPE, make_problems, verify
-from benchmarks.device.diag_grouped_tailcost import fixed_configs
+from benchmarks.device.diag_grouped_tailcost import best_config, gluon_config
 from harness import packs
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline, _grouped_mm_baseline
 
@@ -96,8 +96,8 @@ def main() -> None:
     fam = GroupedGemm()
     nvml = Nvml()
     pack = dict(packs.lookup_entry("grouped_gemm", "bf16", **SHAPE).config)
-    best = {**pack, "SWAP_AB": 1, "TMA_STORE": 1, "TAIL_FINE": 2}
-    gluon = fixed_configs()["Gluon, stride"]
+    best = best_config()
+    gluon = gluon_config()
     fns: dict = {}
     notes: dict[str, str] = {}
     for prob, inputs in make_problems(fam).items():

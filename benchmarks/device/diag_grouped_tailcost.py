@@ -66,6 +66,14 @@ def best_config() -> dict:
     return {**pack, "SWAP_AB": 1, "TMA_STORE": 1, "TAIL_FINE": 2}
 
 
+def gluon_config(dynamic: bool = False) -> dict:
+    """The persistent Gluon engine beside the best config: fixed stride, or tiles from a
+    counter with ``dynamic``."""
+    return {**best_config(), "GLUON": 2 if dynamic else 1, "SWAP_AB": 0, "TAIL_FINE": 0,
+            "PERSISTENT": 1, "TAIL_SPLIT": 2, "BLOCK_K": 64, "num_stages": 3, "GROUP_M": 1,
+            "TAIL_WINDOW": 0}
+
+
 def configs() -> dict[str, dict]:
     """The best config, twice, and its TAIL_EMU variants."""
     best = best_config()
@@ -85,11 +93,9 @@ def fixed_configs() -> dict[str, dict]:
     call 2): they stay as reported failures."""
     best = best_config()
     pers = {**best, "PERSISTENT": 1}
-    gluon = {**best, "GLUON": 2, "SWAP_AB": 0, "TAIL_FINE": 0, "PERSISTENT": 1,
-             "TAIL_SPLIT": 2, "BLOCK_K": 64, "num_stages": 3, "GROUP_M": 1, "TAIL_WINDOW": 0}
     return {"real": best, "TAIL_EMU=3: tails skipped": {**best, "TAIL_EMU": 3},
             "persistent": pers, "persistent, TAIL_EMU=3": {**pers, "TAIL_EMU": 3},
-            "Gluon, counter": gluon, "Gluon, stride": {**gluon, "GLUON": 1},
+            "Gluon, counter": gluon_config(dynamic=True), "Gluon, stride": gluon_config(),
             "real (again)": dict(best)}
 
 

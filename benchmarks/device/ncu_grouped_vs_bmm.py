@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.device.diag_grouped_bound import bmm
 from benchmarks.device.diag_grouped_steady import SHAPE, make_problems
-from benchmarks.device.diag_grouped_tailcost import best_config, fixed_configs
+from benchmarks.device.diag_grouped_tailcost import best_config, gluon_config
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline
 
 
@@ -28,8 +28,7 @@ def main() -> None:
     inputs = make_problems(fam)["balanced"]
     ref = fam.reference(inputs, SHAPE)
     runs = {"grouped GEMM, best config": fam.launcher(inputs, SHAPE, best_config()),
-            "Gluon engine, stride": fam.launcher(inputs, SHAPE,
-                                                 fixed_configs()["Gluon, stride"]),
+            "Gluon engine, stride": fam.launcher(inputs, SHAPE, gluon_config()),
             "cuBLAS bmm": bmm(inputs, False)[0]}
     for name, fn in runs.items():
         torch.testing.assert_close(fn().float(), ref, atol=2e-2, rtol=2e-2)
