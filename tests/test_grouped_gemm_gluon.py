@@ -1,6 +1,7 @@
-"""grouped_gemm GLUON=1/2 (the persistent Gluon kernel for Hopper): pruning, its compile for
-sm_90 without a GPU (what CI can check of it), and on a Hopper GPU its outputs against the
-reference at the MoE shape, with empty experts, an empty problem and in a CUDA graph."""
+"""grouped_gemm GLUON=1/2/3 (the persistent Gluon kernels for Hopper; 3 warp-specialized):
+pruning, their compile for sm_90 without a GPU (what CI can check of them), and on a Hopper
+GPU their outputs against the reference at the MoE shape, with empty experts, an empty
+problem and in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -47,7 +48,15 @@ CONFIGS = [
      "num_stages": 6, "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
     {**BASE, "GLUON": 2, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 3,
      "GROUP_M": 8, "TAIL_SPLIT": 1, "TAIL_WINDOW": 4},
+    # Warp-specialized: a producer warp, two consumer warp groups on alternate tiles.
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
+     "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1},
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
+     "GROUP_M": 8, "TAIL_SPLIT": 0, "TAIL_WINDOW": 0},
+    {**BASE, "GLUON": 3, "BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 4,
+     "num_stages": 6, "GROUP_M": 4, "TAIL_SPLIT": 0, "TMA_STORE": 1},
 ]  # fmt: skip
+WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] == 3]
 
 needs_gluon = pytest.mark.skipif(grouped_gemm._gluon is None,
                                  reason=f"Triton {triton.__version__} has no Gluon Hopper API")
@@ -67,12 +76,32 @@ def test_pruning() -> None:
     assert "64 rows" in KERNEL.check_config({**cfg, "BLOCK_M": 128}, MOE, H100)
     assert "num_warps" in KERNEL.check_config({**cfg, "num_warps": 16}, MOE, H100)
     assert "num_stages" in KERNEL.check_config({**cfg, "num_stages": 1}, MOE, H100)
-    assert "GLUON=3" in KERNEL.check_config({**cfg, "GLUON": 3}, MOE, H100)
+    assert "GLUON=4" in KERNEL.check_config({**cfg, "GLUON": 4}, MOE, H100)
     # The consumer takes its tiles from the producer, STAGES - 1 steps ahead: K must
     # have at least STAGES steps.
     assert "fewer than" in KERNEL.check_config(cfg, {**MOE, "K": 128}, H100)
     # The ring plus the staging tile must fit: 4 x 48 KB + 64 KB does not.
     assert "shared memory" in KERNEL.check_config({**cfg, "num_stages": 4}, MOE, H100)
+
+
+@needs_gluon
+def test_pruning_warp_specialized() -> None:
+    """GLUON=3: one warp group per consumer, tiles of one or half a block of >= 64 rows,
+    accumulators that fit a consumer's registers, two staging tiles in shared memory;
+    no K floor (its consumers find their slots without running ahead)."""
+    cfg = CONFIGS[WS[0]]
+    assert KERNEL.check_config(cfg, MOE, H100) is None
+    assert KERNEL.check_config(cfg, {**MOE, "K": 128}, H100) is None
+    assert "wgmma" in KERNEL.check_config(cfg, MOE, CPU)
+    assert "num_warps=8" in KERNEL.check_config({**cfg, "num_warps": 8}, MOE, H100)
+    assert "TAIL_SPLIT=2" in KERNEL.check_config({**cfg, "TAIL_SPLIT": 2, "BLOCK_M": 256},
+                                                 MOE, H100)
+    assert "64 rows" in KERNEL.check_config({**cfg, "BLOCK_M": 64}, MOE, H100)
+    assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
+    assert "num_stages" in KERNEL.check_config({**cfg, "num_stages": 1}, MOE, H100)
+    # 5 stages of 32 KB and two 32 KB staging tiles fit in 227 KB; 6 do not.
+    assert KERNEL.check_config({**cfg, "num_stages": 5}, MOE, H100) is None
+    assert "shared memory" in KERNEL.check_config({**cfg, "num_stages": 6}, MOE, H100)
 
 
 def test_pruned_without_gluon(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,6 +138,10 @@ def sm90_features(configs: list[dict]) -> list[dict]:
             "wgmma": bool(re.search(r"wgmma\.mma_async", ptx)),
             "tma_load": bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx)),
             "tma_store": bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)),
+            "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned"
+                                                              r"\.u32\s+(\d+)", ptx)}),
+            "threads": int(re.search(r"\.reqntid (\d+)", ptx).group(1))
+            if ".reqntid" in ptx else None,
         })
     return out
 
@@ -138,10 +171,18 @@ def test_compiles_for_sm90_without_a_gpu(i: int, compiled_sm90: list[dict]) -> N
     config = CONFIGS[i]
     assert KERNEL.check_config(config, MOE, H100) is None
     got = compiled_sm90[i]
-    assert got["launches"] == ["_block_table_kernel", "grouped_gemm_gluon_kernel"]
+    kernel = "grouped_gemm_gluon_ws_kernel" if i in WS else "grouped_gemm_gluon_kernel"
+    assert got["launches"] == ["_block_table_kernel", kernel]
     assert got["grid"] == [4]  # one program per SM; the CPU stands in with 4
     assert got["wgmma"] and got["tma_load"]
     assert got["tma_store"] == bool(config.get("TMA_STORE"))
+    if i in WS:
+        # Three warp groups (consumer, consumer, producer warp); the producer gives its
+        # registers to the consumers.
+        assert got["threads"] == 384
+        assert {40, 232} <= set(got["setmaxnreg"])
+    else:
+        assert got["setmaxnreg"] == []
 
 
 # -- on a Hopper GPU -----------------------------------------------------------------------
@@ -187,7 +228,7 @@ def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> N
     _hopper()
     shape = {"M": sum(counts), "N": 1408, "K": 2048, "E": len(counts)}
     inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=1, device=device)
-    for config in (CONFIGS[0], CONFIGS[3]):
+    for config in (CONFIGS[0], CONFIGS[3], *(CONFIGS[i] for i in WS)):
         fn = KERNEL.launcher(inputs, shape, config)
         if shape["M"]:
             _check_filled(fn, inputs, shape)
@@ -199,7 +240,8 @@ def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> N
 
 @pytest.mark.gpu
 @needs_gluon
-def test_gpu_in_a_cuda_graph(device: str) -> None:
+@pytest.mark.parametrize("i", [0, WS[0]])
+def test_gpu_in_a_cuda_graph(device: str, i: int) -> None:
     """Both launches capture into a CUDA graph; a replay after the routing changed in the
     same offsets buffer gives the new answer."""
     _hopper()
@@ -207,7 +249,7 @@ def test_gpu_in_a_cuda_graph(device: str) -> None:
     moved = counts[1:] + counts[:1]
     shape = {"M": sum(counts), "N": 1408, "K": 2048, "E": len(counts)}
     inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=5, device=device)
-    fn = KERNEL.launcher(inputs, shape, CONFIGS[0])
+    fn = KERNEL.launcher(inputs, shape, CONFIGS[i])
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -1,0 +1,89 @@
+"""The warp-specialized Gluon engine (GLUON=3: a TMA producer warp, two consumer warp
+groups on alternate tiles) beside the best Triton config and the single-consumer Gluon
+engine, on the three routings at the MoE shape, each timed right beside dense cuBLAS of
+the same FLOPs; cuBLAS's batched GEMM on the balanced routing (the same work as the
+grouped GEMM there) beside them.
+
+Session 18 (Nsight Compute) found the full tiles' remaining gap to cuBLAS in the tensor
+pipe's idle time around tile boundaries: this kernel overlaps one consumer's store with
+the other's wgmmas, as cuBLAS's Hopper kernels do.
+
+    python3 benchmarks/device/diag_grouped_pingpong.py [--study main|sweep] [--rounds 5] \
+        [--rep 100] [--json F]
+
+Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
+the log-normal routing, one round each, to pick the ones ``main`` times.
+"""
+
+from __future__ import annotations
+
+from benchmarks.device.diag_grouped_bound import bmm
+from benchmarks.device.diag_grouped_steady import (
+    SHAPE,
+    make_problems,
+    time_and_report,
+    timing_args,
+    verify,
+)
+from benchmarks.device.diag_grouped_tailcost import best_config, gluon_config
+from kernels.grouped_gemm import GroupedGemm, _dense_baseline
+
+# GLUON=3's fixed part: 128 x 128 tiles per consumer, 64-deep K steps.
+PINGPONG = {**gluon_config(), "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
+            "num_warps": 4, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1}
+
+
+def pingpong(**change: int) -> dict:
+    """GLUON=3's base config with ``change``."""
+    return {**PINGPONG, **change}
+
+
+def sweep_configs() -> dict[str, dict]:
+    """GLUON=3's options, one at a time from the base."""
+    out = {"ping-pong s4": pingpong()}
+    for stages in (3, 5):
+        out[f"ping-pong s{stages}"] = pingpong(num_stages=stages)
+    for g in (4, 8):
+        out[f"ping-pong GROUP_M={g}"] = pingpong(GROUP_M=g)
+    out["ping-pong TAIL_SPLIT=0"] = pingpong(TAIL_SPLIT=0)
+    out["ping-pong TMA_STORE=0"] = pingpong(TMA_STORE=0)
+    out["ping-pong BLOCK_K=128 s2"] = pingpong(BLOCK_K=128, num_stages=2)
+    return out
+
+
+def main_configs() -> dict[str, dict]:
+    """The best Triton config and the Gluon engine beside GLUON=3 (twice: the run's
+    noise floor)."""
+    return {"best Triton config": best_config(), "Gluon, stride": gluon_config(),
+            "ping-pong s4": pingpong(), "ping-pong s5": pingpong(num_stages=5),
+            "ping-pong s4 (again)": pingpong()}
+
+
+def main() -> None:
+    args = timing_args(rounds=5, study="main").parse_args()
+    fam = GroupedGemm()
+    problems = make_problems(fam)
+    if args.study == "sweep":
+        cfgs = sweep_configs()
+        problems = {"log-normal": problems["log-normal"]}
+    else:
+        cfgs = main_configs()
+    fns: dict = {}
+    dense: dict = {}
+    notes: dict[str, str] = {}
+    for prob, inputs in problems.items():
+        ref = fam.reference(inputs, SHAPE)
+        cands = {name: (lambda c=cfg, i=inputs: fam.launcher(i, SHAPE, c))
+                 for name, cfg in cfgs.items()}
+        if prob == "balanced":
+            cands["cuBLAS bmm"] = lambda i=inputs: bmm(i, False)[0]
+        verify(cands, ref, prob, fns, notes)
+        dense[prob] = _dense_baseline(inputs, SHAPE)
+        del ref
+    time_and_report(fns, dense, notes, args.rounds, args.rep, args.json, configs=cfgs)
+    for name, cfg in cfgs.items():
+        print(f"{name}: {cfg}")
+
+
+if __name__ == "__main__":
+    main()

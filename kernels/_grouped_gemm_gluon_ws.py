@@ -1,0 +1,192 @@
+"""The grouped GEMM as a warp-specialized, persistent Gluon kernel for Hopper
+(``ENGINE`` ``GLUON=3``): a producer warp and two consumer warp groups per SM, the shape
+of cuBLAS's own Hopper GEMMs ("ping-pong").
+
+The producer walks this program's tiles (the block table's m-blocks x n-tiles, stride =
+the grid) and keeps a ring of ``STAGES`` A / W boxes filled by TMA, each slot guarded by a
+ready and an empty barrier. The two consumer warp groups take alternate tiles of that
+sequence, each with its own BM x BN accumulator: while one stores a finished tile, the
+other's wgmmas keep the tensor cores busy, which a single-consumer kernel (``GLUON=1/2``,
+``kernels/_grouped_gemm_gluon.py``) cannot do (session 18 measured that idle time with
+Nsight Compute: half its stalls at barriers around the tile boundary).
+
+Every tile has the same ``k_tiles`` K steps whatever its height, so a consumer finds its
+j-th tile's slots in the ring at ``j * k_tiles`` without asking the producer. Half-height
+tails (``TAIL_SPLIT=1``) load a shorter A box into the same slots and run a 64-row wgmma.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from kernels._grouped_gemm_gluon import (
+    _mma_layout,
+    _store_layout,
+    _tile_info,
+    _tma_load,
+    _tma_store,
+)
+
+__all__ = ["CONSUMER_REGS", "CONSUMER_WARPS", "PRODUCER_REGS", "WS_API",
+           "grouped_gemm_gluon_ws_kernel"]
+
+# Each consumer is one warp group; its BM x BN accumulator must fit in its registers.
+CONSUMER_WARPS = 4
+# Registers per thread of the worker partitions (setmaxnreg): the producer only issues
+# TMA copies; the second consumer holds a 128 x 128 fp32 accumulator (128 a thread) and
+# its addresses. The split cuBLAS and CUTLASS use on Hopper (40 / 232).
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+# gl.warp_specialize took (default_args, default_fn, worker_args, ...) before Triton 3.6 and
+# a list of (function, args) pairs since: only the list form is written here.
+WS_API = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
+
+
+@gluon.jit
+def _producer(pid, sched, ring, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+              STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr):
+    """TMA loads of every K step of this program's tiles into the ring, in tile order;
+    a slot is refilled once its consumer's wgmma has released it."""
+    total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n = sched
+    a_desc, a_half, w_desc, ready, empty, a_bufs, w_bufs = ring
+    p = 0
+    for tile in range(pid, total, P):
+        expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
+                                                   num_pid_n, GROUP_M)
+        w_row = expert * N + pid_n * BN
+        for kk in range(k_tiles):
+            s = p % STAGES
+            # Empty barriers start in phase 0: the first pass over the ring does not wait.
+            mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            if TAIL_SPLIT >= 1 and h == 1:
+                mbarrier.expect(bar, a_half.block_type.nbytes + w_desc.block_type.nbytes)
+                _tma_load(a_half, [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 2))
+            else:
+                mbarrier.expect(bar, a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                _tma_load(a_desc, [m0, kk * BK], bar, a_bufs.index(s))
+            _tma_load(w_desc, [w_row, kk * BK], bar, w_bufs.index(s))
+            p += 1
+
+
+@gluon.jit
+def _mainloop_and_store(base, k_tiles, ring, c_buf, outs, m0, row_end, n0, N,
+                        BM_T: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                        TMA_STORE: gl.constexpr):
+    """One BM_T x BN tile whose K steps sit at ring positions ``base ...``: each wgmma
+    left in flight while the next is issued, each slot released as soon as the wgmma
+    that read it is done; then the tile leaves through ``c_buf`` (a TMA store when it
+    lies inside its expert, masked stores when it straddles the expert's end)."""
+    ready, empty, a_bufs, w_bufs = ring[3], ring[4], ring[5], ring[6]
+    out_ptr, stride_om, out_desc, out_half = outs
+    layout: gl.constexpr = _mma_layout(BM_T, BN, 4)
+    acc = gl.zeros([BM_T, BN], gl.float32, layout)
+    for kk in range(k_tiles):
+        q = base + kk
+        s = q % STAGES
+        mbarrier.wait(ready.index(s), (q // STAGES) & 1)
+        a = a_bufs.index(s)
+        if BM_T < a_bufs.type.shape[1]:
+            a = a.slice(0, BM_T)
+        acc = warpgroup_mma(a, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        # The wgmma before this one is done: its slot goes back to the producer.
+        acc = warpgroup_mma_wait(1, deps=(acc,))
+        mbarrier.arrive(empty.index((q + STAGES - 1) % STAGES), pred=kk > 0)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
+    # This consumer's previous TMA store may still be reading its staging buffer.
+    tma.store_wait(0)
+    stage = c_buf
+    if BM_T < c_buf.type.shape[0]:
+        stage = c_buf.slice(0, BM_T)
+    stage.store(acc.to(out_ptr.dtype.element_ty))
+    if TMA_STORE and m0 + BM_T <= row_end:
+        fence_async_shared()
+        if BM_T == c_buf.type.shape[0]:
+            _tma_store(out_desc, [m0, n0], stage)
+        else:
+            _tma_store(out_half, [m0, n0], stage)
+    else:
+        # A box past the expert's end would overwrite the next expert's rows.
+        st: gl.constexpr = _store_layout(BN, 4)
+        vals = stage.load(st)
+        rows = m0 + gl.arange(0, BM_T, layout=gl.SliceLayout(1, st))
+        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, st))
+        ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
+        gl.store(ptrs, vals, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
+
+
+@gluon.jit
+def _consumer(pid, cid: gl.constexpr, sched, ring, c_bufs, outs, BM: gl.constexpr,
+              BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr):
+    """Consumer ``cid`` (0 or 1): this program's tiles number cid, cid + 2, ..."""
+    total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n = sched
+    c_buf = c_bufs.index(cid)
+    j = cid
+    for tile in range(pid + cid * P, total, 2 * P):
+        expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
+                                                   num_pid_n, GROUP_M)
+        # A tile's height is a constexpr of its code: one call per height.
+        if TAIL_SPLIT >= 1 and h == 1:
+            _mainloop_and_store(j * k_tiles, k_tiles, ring, c_buf, outs, m0, row_end,
+                                pid_n * BN, N, BM // 2, BN, STAGES, TMA_STORE)
+        else:
+            _mainloop_and_store(j * k_tiles, k_tiles, ring, c_buf, outs, m0, row_end,
+                                pid_n * BN, N, BM, BN, STAGES, TMA_STORE)
+        j += 2
+    tma.store_wait(0)
+
+
+@gluon.jit
+def grouped_gemm_gluon_ws_kernel(
+    a_desc, a_half, w_desc, out_desc, out_half, out_ptr, table_ptr, N, K, NB, stride_om,
+    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+):
+    """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
+    module docstring). ``a_desc`` / ``a_half``: A [M, K] in boxes of BM and BM/2 rows;
+    ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc`` / ``out_half``: out [M, N]
+    in boxes of BM and BM/2 rows (used with TMA_STORE). Runs with num_warps=4 (the first
+    consumer); the second consumer and the producer are worker partitions."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    num_pid_m = gl.load(table_ptr + 4 * NB)
+    num_pid_n = gl.cdiv(N, BN)
+    total = num_pid_m * num_pid_n
+    k_tiles = gl.cdiv(K, BK)
+
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
+    w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_desc.layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [2, BM, BN], out_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+
+    sched = (total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n)
+    ring = (a_desc, a_half, w_desc, ready, empty, a_bufs, w_bufs)
+    outs = (out_ptr, stride_om, out_desc, out_half)
+    gl.warp_specialize([
+        (_consumer, (pid, 0, sched, ring, c_bufs, outs, BM, BN, STAGES, GROUP_M, TAIL_SPLIT,
+                     TMA_STORE)),
+        (_consumer, (pid, 1, sched, ring, c_bufs, outs, BM, BN, STAGES, GROUP_M, TAIL_SPLIT,
+                     TMA_STORE)),
+        (_producer, (pid, sched, ring, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # 4: CONSUMER_WARPS
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
