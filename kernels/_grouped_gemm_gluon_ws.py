@@ -11,8 +11,13 @@ other's wgmmas keep the tensor cores busy, which a single-consumer kernel (``GLU
 Nsight Compute: half its stalls at barriers around the tile boundary).
 
 Every tile has the same ``k_tiles`` K steps whatever its height, so a consumer finds its
-j-th tile's slots in the ring at ``j * k_tiles`` without asking the producer. Half-height
-tails (``TAIL_SPLIT=1``) load a shorter A box into the same slots and run a 64-row wgmma.
+j-th tile's slots in the ring at ``j * k_tiles`` without asking the producer. It starts
+waiting on them only once the other consumer has taken all of tile j - 1's (the ``turn``
+barriers): an mbarrier wait names a phase by its parity only, so a consumer that waited
+two fills ahead of the ring would pass on the fill before its own (session 19's first
+run, without them, read unloaded slots and faulted). That also keeps the two mainloops
+in turn, the other's epilogue under each. Half-height tails (``TAIL_SPLIT=1``) load a
+shorter A box into the same slots and run a 64-row wgmma.
 """
 
 from __future__ import annotations
@@ -80,13 +85,14 @@ def _producer(pid, sched, ring, BM: gl.constexpr, BN: gl.constexpr, BK: gl.const
 
 
 @gluon.jit
-def _mainloop_and_store(base, k_tiles, ring, c_buf, outs, m0, row_end, n0, N,
+def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, n0, N,
                         BM_T: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                         TMA_STORE: gl.constexpr):
     """One BM_T x BN tile whose K steps sit at ring positions ``base ...``: each wgmma
     left in flight while the next is issued, each slot released as soon as the wgmma
-    that read it is done; then the tile leaves through ``c_buf`` (a TMA store when it
-    lies inside its expert, masked stores when it straddles the expert's end)."""
+    that read it is done; ``my_turn`` passes to the other consumer once the last slot is
+    taken; then the tile leaves through ``c_buf`` (a TMA store when it lies inside its
+    expert, masked stores when it straddles the expert's end)."""
     ready, empty, a_bufs, w_bufs = ring[3], ring[4], ring[5], ring[6]
     out_ptr, stride_om, out_desc, out_half = outs
     layout: gl.constexpr = _mma_layout(BM_T, BN, 4)
@@ -102,6 +108,7 @@ def _mainloop_and_store(base, k_tiles, ring, c_buf, outs, m0, row_end, n0, N,
         # The wgmma before this one is done: its slot goes back to the producer.
         acc = warpgroup_mma_wait(1, deps=(acc,))
         mbarrier.arrive(empty.index((q + STAGES - 1) % STAGES), pred=kk > 0)
+    mbarrier.arrive(my_turn)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
     # This consumer's previous TMA store may still be reading its staging buffer.
@@ -127,24 +134,29 @@ def _mainloop_and_store(base, k_tiles, ring, c_buf, outs, m0, row_end, n0, N,
 
 
 @gluon.jit
-def _consumer(pid, cid: gl.constexpr, sched, ring, c_bufs, outs, BM: gl.constexpr,
+def _consumer(pid, cid: gl.constexpr, sched, ring, turn, c_bufs, outs, BM: gl.constexpr,
               BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
               TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr):
-    """Consumer ``cid`` (0 or 1): this program's tiles number cid, cid + 2, ..."""
+    """Consumer ``cid`` (0 or 1): this program's tiles number cid, cid + 2, ...; its
+    i-th starts once the other consumer has taken its tile before (consumer 0's first
+    waits on a fresh barrier's completed phase 1, so not at all)."""
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n = sched
     c_buf = c_bufs.index(cid)
-    j = cid
+    my_turn = turn.index(cid)
+    i = 0
     for tile in range(pid + cid * P, total, 2 * P):
         expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
                                                    num_pid_n, GROUP_M)
+        mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
+        base = (2 * i + cid) * k_tiles
         # A tile's height is a constexpr of its code: one call per height.
         if TAIL_SPLIT >= 1 and h == 1:
-            _mainloop_and_store(j * k_tiles, k_tiles, ring, c_buf, outs, m0, row_end,
+            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
                                 pid_n * BN, N, BM // 2, BN, STAGES, TMA_STORE)
         else:
-            _mainloop_and_store(j * k_tiles, k_tiles, ring, c_buf, outs, m0, row_end,
+            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
                                 pid_n * BN, N, BM, BN, STAGES, TMA_STORE)
-        j += 2
+        i += 1
     tma.store_wait(0)
 
 
@@ -173,20 +185,25 @@ def grouped_gemm_gluon_ws_kernel(
     c_bufs = gl.allocate_shared_memory(dtype, [2, BM, BN], out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
 
     sched = (total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n)
     ring = (a_desc, a_half, w_desc, ready, empty, a_bufs, w_bufs)
     outs = (out_ptr, stride_om, out_desc, out_half)
     gl.warp_specialize([
-        (_consumer, (pid, 0, sched, ring, c_bufs, outs, BM, BN, STAGES, GROUP_M, TAIL_SPLIT,
+        (_consumer, (pid, 0, sched, ring, turn, c_bufs, outs, BM, BN, STAGES, GROUP_M, TAIL_SPLIT,
                      TMA_STORE)),
-        (_consumer, (pid, 1, sched, ring, c_bufs, outs, BM, BN, STAGES, GROUP_M, TAIL_SPLIT,
+        (_consumer, (pid, 1, sched, ring, turn, c_bufs, outs, BM, BN, STAGES, GROUP_M, TAIL_SPLIT,
                      TMA_STORE)),
         (_producer, (pid, sched, ring, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # 4: CONSUMER_WARPS
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
+    for i in gl.static_range(2):
+        mbarrier.invalidate(turn.index(i))
