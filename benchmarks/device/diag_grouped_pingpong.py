@@ -8,11 +8,12 @@ Session 18 (Nsight Compute) found the full tiles' remaining gap to cuBLAS in the
 pipe's idle time around tile boundaries: this kernel overlaps one consumer's store with
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
-    python3 benchmarks/device/diag_grouped_pingpong.py [--study main|sweep] [--rounds 5] \
+    python3 benchmarks/device/diag_grouped_pingpong.py [--study main|sweep|grid] [--rounds 5] \
         [--rep 100] [--json F]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
-the log-normal routing, one round each, to pick the ones ``main`` times.
+the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
+their combinations on both realistic routings.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def sweep_configs() -> dict[str, dict]:
     return out
 
 
+def grid_configs() -> dict[str, dict]:
+    """Study ``grid``: stages x grouped order x TMA store, the options call 2's sweep
+    left open (session 19)."""
+    return {f"ping-pong s{s} GROUP_M={g} TMA_STORE={t}": pingpong(num_stages=s, GROUP_M=g,
+                                                                  TMA_STORE=t)
+            for s in (4, 5) for g in (1, 2, 4) for t in (0, 1)}
+
+
 def main_configs() -> dict[str, dict]:
     """The best Triton config and the Gluon engine beside GLUON=3 (twice: the run's
     noise floor)."""
@@ -66,6 +75,9 @@ def main() -> None:
     if args.study == "sweep":
         cfgs = sweep_configs()
         problems = {"log-normal": problems["log-normal"]}
+    elif args.study == "grid":
+        cfgs = grid_configs()
+        del problems["balanced"]
     else:
         cfgs = main_configs()
     fns: dict = {}
