@@ -1,14 +1,16 @@
 """The grouped GEMM as a warp-specialized, persistent Gluon kernel for Hopper
-(``ENGINE`` ``GLUON=3``): a producer warp and two consumer warp groups per SM, the shape
-of cuBLAS's own Hopper GEMMs ("ping-pong").
+(``GLUON=3``, and ``GLUON=4`` with its tiles from a counter): a producer warp and two
+consumer warp groups per SM, the shape of cuBLAS's own Hopper GEMMs ("ping-pong").
 
 The producer walks this program's tiles (the block table's m-blocks x n-tiles, stride =
-the grid) and keeps a ring of ``STAGES`` A / W boxes filled by TMA, each slot guarded by a
-ready and an empty barrier. The two consumer warp groups take alternate tiles of that
-sequence, each with its own BM x BN accumulator: while one stores a finished tile, the
-other's wgmmas keep the tensor cores busy, which a single-consumer kernel (``GLUON=1/2``,
-``kernels/_grouped_gemm_gluon.py``) cannot do (session 18 measured that idle time with
-Nsight Compute: half its stalls at barriers around the tile boundary).
+the grid, or with ``DYNAMIC`` the next one nobody has taken, whose id it hands the
+consumer in shared memory) and keeps a ring of ``STAGES`` A / W boxes filled by TMA,
+each slot guarded by a ready and an empty barrier. The two consumer warp groups take
+alternate tiles of that sequence, each with its own BM x BN accumulator: while one
+stores a finished tile, the other's wgmmas keep the tensor cores busy, which a
+single-consumer kernel (``GLUON=1/2``, ``kernels/_grouped_gemm_gluon.py``) cannot do
+(session 18 measured that idle time with Nsight Compute: half its stalls at barriers
+around the tile boundary).
 
 Every tile has the same ``k_tiles`` K steps whatever its height, so a consumer finds its
 j-th tile's slots in the ring at ``j * k_tiles`` without asking the producer. It starts
@@ -36,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernels._grouped_gemm_gluon import (
     _mma_layout,
+    _next_tile,
     _store_layout,
     _tile_info,
     _tma_load,
@@ -58,14 +61,45 @@ WS_API = "functions_and_args" in inspect.signature(gl.warp_specialize).parameter
 
 
 @gluon.jit
-def _producer(pid, sched, ring, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-              STAGES: gl.constexpr, GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr):
+def _send(handoff, j, tile):
+    """The producer's j-th tile id to consumer j % 2, once it has read its last one."""
+    ids, id_ready, id_empty = handoff
+    c = j % 2
+    mbarrier.wait(id_empty.index(c), ((j // 2) & 1) ^ 1)
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    ids.index(c).store(gl.full([1], tile, gl.int32, one))
+    mbarrier.arrive(id_ready.index(c))
+
+
+@gluon.jit
+def _receive(handoff, cid: gl.constexpr, i):
+    """Consumer ``cid``'s i-th tile id from the producer."""
+    ids, id_ready, id_empty = handoff
+    mbarrier.wait(id_ready.index(cid), i & 1)
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    tile = gl.max(ids.index(cid).load(one), axis=0)
+    mbarrier.arrive(id_empty.index(cid))
+    return tile
+
+
+@gluon.jit
+def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
+              BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              TAIL_SPLIT: gl.constexpr, DYNAMIC: gl.constexpr):
     """TMA loads of every K step of this program's tiles into the ring, in tile order;
-    a slot is refilled once its consumer's wgmma has released it."""
-    total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n = sched
+    a slot is refilled once its consumer's wgmma has released it. With DYNAMIC the tiles
+    come from the table's counter (the first is the program's id), and each id goes to
+    its consumer through ``handoff``; past the last, each consumer gets an id >= total."""
+    total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
     a_desc, a_half, w_desc, ready, empty, a_bufs, w_bufs = ring
     p = 0
-    for tile in range(pid, total, P):
+    j = 0
+    tile = pid
+    while tile < total:
+        if DYNAMIC:
+            _send(handoff, j, tile)
+        # Taken a tile ahead: the atomic's round trip hides under this tile's loads.
+        nxt = _next_tile(tile, counter_ptr, P, DYNAMIC)
         expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
                                                    num_pid_n, GROUP_M)
         w_row = expert * N + pid_n * BN
@@ -82,6 +116,11 @@ def _producer(pid, sched, ring, BM: gl.constexpr, BN: gl.constexpr, BK: gl.const
                 _tma_load(a_desc, [m0, kk * BK], bar, a_bufs.index(s))
             _tma_load(w_desc, [w_row, kk * BK], bar, w_bufs.index(s))
             p += 1
+        tile = nxt
+        j += 1
+    if DYNAMIC:
+        _send(handoff, j, tile)
+        _send(handoff, j + 1, tile)
 
 
 @gluon.jit
@@ -134,17 +173,23 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
 
 
 @gluon.jit
-def _consumer(pid, cid: gl.constexpr, sched, ring, turn, c_bufs, outs, BM: gl.constexpr,
-              BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr):
-    """Consumer ``cid`` (0 or 1): this program's tiles number cid, cid + 2, ...; its
-    i-th starts once the other consumer has taken its tile before (consumer 0's first
-    waits on a fresh barrier's completed phase 1, so not at all)."""
-    total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n = sched
+def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
+              BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
+              DYNAMIC: gl.constexpr):
+    """Consumer ``cid`` (0 or 1): this program's tiles number cid, cid + 2, ... (their
+    ids at a fixed stride, or from the producer with DYNAMIC); its i-th starts once the
+    other consumer has taken its tile before (consumer 0's first waits on a fresh
+    barrier's completed phase 1, so not at all)."""
+    total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
     c_buf = c_bufs.index(cid)
     my_turn = turn.index(cid)
     i = 0
-    for tile in range(pid + cid * P, total, 2 * P):
+    if DYNAMIC:
+        tile = _receive(handoff, cid, 0)
+    else:
+        tile = pid + cid * P
+    while tile < total:
         expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
                                                    num_pid_n, GROUP_M)
         mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
@@ -157,6 +202,10 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, c_bufs, outs, BM: gl.co
             _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
                                 pid_n * BN, N, BM, BN, STAGES, TMA_STORE)
         i += 1
+        if DYNAMIC:
+            tile = _receive(handoff, cid, i)
+        else:
+            tile += 2 * P
     tma.store_wait(0)
 
 
@@ -165,13 +214,14 @@ def grouped_gemm_gluon_ws_kernel(
     a_desc, a_half, w_desc, out_desc, out_half, out_ptr, table_ptr, N, K, NB, stride_om,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    DYNAMIC: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
     module docstring). ``a_desc`` / ``a_half``: A [M, K] in boxes of BM and BM/2 rows;
     ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc`` / ``out_half``: out [M, N]
     in boxes of BM and BM/2 rows (used with TMA_STORE). Runs with num_warps=4 (the first
-    consumer); the second consumer and the producer are worker partitions."""
+    consumer); the second consumer and the producer are worker partitions. DYNAMIC:
+    tiles from the table's counter as the producer frees up, not at a fixed stride."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     num_pid_m = gl.load(table_ptr + 4 * NB)
@@ -189,21 +239,31 @@ def grouped_gemm_gluon_ws_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    # The tile ids the producer hands each consumer (DYNAMIC).
+    ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    id_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    id_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
+        mbarrier.init(id_ready.index(i), count=1)
+        mbarrier.init(id_empty.index(i), count=1)
 
-    sched = (total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n)
+    sched = (total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, table_ptr + 4 * NB + 1)
+    handoff = (ids, id_ready, id_empty)
     ring = (a_desc, a_half, w_desc, ready, empty, a_bufs, w_bufs)
     outs = (out_ptr, stride_om, out_desc, out_half)
     gl.warp_specialize([
-        (_consumer, (pid, 0, sched, ring, turn, c_bufs, outs, BM, BN, STAGES, GROUP_M, TAIL_SPLIT,
-                     TMA_STORE)),
-        (_consumer, (pid, 1, sched, ring, turn, c_bufs, outs, BM, BN, STAGES, GROUP_M, TAIL_SPLIT,
-                     TMA_STORE)),
-        (_producer, (pid, sched, ring, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT)),
+        (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
+                     GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC)),
+        (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
+                     GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC)),
+        (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
+                     DYNAMIC)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # 4: CONSUMER_WARPS
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
     for i in gl.static_range(2):
         mbarrier.invalidate(turn.index(i))
+        mbarrier.invalidate(id_ready.index(i))
+        mbarrier.invalidate(id_empty.index(i))

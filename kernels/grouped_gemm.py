@@ -15,9 +15,10 @@ In the TMA kernel, SWAP_AB computes each tile transposed so that the routed rows
 wgmma's N side (m64n256k16 for a 256-row tile, n32 / n16 for fine pieces). GLUON runs
 the table's tiles with the persistent Gluon kernel of ``kernels/_grouped_gemm_gluon.py``
 instead (Hopper only): each program takes its tiles at a fixed stride (GLUON=1) or from
-a counter, as it frees up (GLUON=2); GLUON=3 runs them warp-specialized
+a counter, as it frees up (GLUON=2); GLUON=3 / 4 run them warp-specialized
 (``kernels/_grouped_gemm_gluon_ws.py``: a TMA producer warp and two consumer warp groups
-taking alternate tiles, so one stores while the other computes).
+taking alternate tiles, so one stores while the other computes; the tiles at a fixed
+stride, or from the counter).
 """
 
 from __future__ import annotations
@@ -910,7 +911,7 @@ class GroupedGemm(Launches, Kernel):
             out, table, N, K, nb, out.stride(0),
         )
         stages = int(cfg["num_stages"])
-        if int(cfg["GLUON"]) == 3:
+        if int(cfg["GLUON"]) >= 3:
             return self._gluon_ws_launch(args, num_progs, cfg)
         if triton.cdiv(K, bk) < stages:
             # The consumer takes each tile from the producer, STAGES - 1 steps ahead.
@@ -926,17 +927,18 @@ class GroupedGemm(Launches, Kernel):
 
     @staticmethod
     def _gluon_ws_launch(args: tuple, num_progs: int, cfg: Config) -> Launch:
-        """GLUON=3's launch from the Gluon engine's arguments: the warp-specialized kernel
-        takes no quarter boxes (its smallest tile is a warp group's 64 rows)."""
+        """GLUON=3 / 4's launch from the Gluon engine's arguments: the warp-specialized
+        kernel takes no quarter boxes (its smallest tile is a warp group's 64 rows)."""
         if _gluon_ws is None:
-            raise RuntimeError(f"GLUON=3: this Triton cannot warp-specialize Gluon "
-                               f"({_GLUON_WS_MISSING})")
+            raise RuntimeError(f"GLUON={cfg['GLUON']}: this Triton cannot warp-specialize "
+                               f"Gluon ({_GLUON_WS_MISSING})")
         a_desc, a_half, _, w_desc, out_desc, out_half, _, *rest = args
         meta = {
             "BM": int(cfg["BLOCK_M"]), "BN": int(cfg["BLOCK_N"]), "BK": int(cfg["BLOCK_K"]),
             "STAGES": int(cfg["num_stages"]), "GROUP_M": int(cfg["GROUP_M"]),
             "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TMA_STORE": bool(int(cfg["TMA_STORE"])),
-            "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS, "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS,
+            "DYNAMIC": int(cfg["GLUON"]) == 4, "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
+            "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS,
             "num_warps": _gluon_ws.CONSUMER_WARPS,
         }
         return Launch(_gluon_ws.grouped_gemm_gluon_ws_kernel, (num_progs,),
@@ -948,9 +950,9 @@ class GroupedGemm(Launches, Kernel):
         table's tiles, TMA loads, persistent; its cross-tile pipeline is its own, so
         FLATTEN and WARP_SPEC would repeat a config)."""
         engine = int(cfg["GLUON"])
-        if engine not in (1, 2, 3):
-            return (f"GLUON={cfg['GLUON']}: 0 (Triton), 1 (fixed stride), 2 (counter) or 3 "
-                    "(warp-specialized)")
+        if engine not in (1, 2, 3, 4):
+            return (f"GLUON={cfg['GLUON']}: 0 (Triton), 1 (fixed stride), 2 (counter), "
+                    "3 / 4 (warp-specialized; fixed stride / counter)")
         if _gluon is None:
             return f"GLUON: Triton {triton.__version__} has no Gluon Hopper API"
         if not device.has_wgmma or device.interpreted:
@@ -960,7 +962,7 @@ class GroupedGemm(Launches, Kernel):
         if wrong:
             return f"GLUON needs {', '.join(wrong)}"
         bm, split = int(cfg["BLOCK_M"]), int(cfg["TAIL_SPLIT"])
-        if engine == 3:
+        if engine >= 3:
             return GroupedGemm._check_gluon_ws(cfg)
         # A warp group's wgmma covers 64 rows at least: the smallest tile too.
         if bm >> split < 64:
@@ -976,23 +978,24 @@ class GroupedGemm(Launches, Kernel):
 
     @staticmethod
     def _check_gluon_ws(cfg: Config) -> str | None:
-        """GLUON=3's limits: one warp group per consumer, each holding a whole tile."""
+        """GLUON=3 / 4's limits: one warp group per consumer, each holding a whole tile."""
+        ws = f"GLUON={cfg['GLUON']}"
         if _gluon_ws is None:
-            return f"GLUON=3: Triton {triton.__version__} cannot load it ({_GLUON_WS_MISSING})"
+            return f"{ws}: Triton {triton.__version__} cannot load it ({_GLUON_WS_MISSING})"
         if not _gluon_ws.WS_API:
-            return f"GLUON=3: Triton {triton.__version__}'s gl.warp_specialize is the old form"
+            return f"{ws}: Triton {triton.__version__}'s gl.warp_specialize is the old form"
         bm, bn, split = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["TAIL_SPLIT"])
         if int(cfg["num_warps"]) != _gluon_ws.CONSUMER_WARPS:
-            return (f"GLUON=3: num_warps={cfg['num_warps']}: each consumer is one warp group "
+            return (f"{ws}: num_warps={cfg['num_warps']}: each consumer is one warp group "
                     f"(num_warps={_gluon_ws.CONSUMER_WARPS})")
         if int(cfg["num_stages"]) < 2:
-            return "GLUON=3: the ring needs num_stages >= 2"
+            return f"{ws}: the ring needs num_stages >= 2"
         if split > 1 or bm >> split < 64:
-            return (f"GLUON=3: BLOCK_M={bm}, TAIL_SPLIT={split}: its tiles are one or half a "
+            return (f"{ws}: BLOCK_M={bm}, TAIL_SPLIT={split}: its tiles are one or half a "
                     "block of >= 64 rows (a warp group's wgmma)")
         # Two accumulators live at once, one per consumer warp group of 128 threads.
         if bm * bn // 128 > _gluon_ws.CONSUMER_REGS - 64:
-            return (f"GLUON=3: a {bm}x{bn} accumulator is {bm * bn // 128} registers a "
+            return (f"{ws}: a {bm}x{bn} accumulator is {bm * bn // 128} registers a "
                     f"thread, more than a consumer's {_gluon_ws.CONSUMER_REGS} leave room for")
         return None
 
@@ -1135,8 +1138,8 @@ class GroupedGemm(Launches, Kernel):
         # TMA store stages the tile in a buffer of its own: then both are live at once.
         # So does the Gluon kernel's staging tile, which every store goes through.
         staged = flatten or tma_store or int(cfg["GLUON"])
-        # GLUON=3's two consumers each stage their own tile.
-        epilogue *= 2 if int(cfg["GLUON"]) == 3 else 1
+        # GLUON=3 / 4's two consumers each stage their own tile.
+        epilogue *= 2 if int(cfg["GLUON"]) >= 3 else 1
         smem = pipeline + epilogue if staged else max(pipeline, epilogue)
         if smem > device.smem_per_block:
             return f"shared memory ~{smem} B > {device.smem_per_block} B per block"

@@ -1,4 +1,4 @@
-"""grouped_gemm GLUON=1/2/3 (the persistent Gluon kernels for Hopper; 3 warp-specialized):
+"""grouped_gemm GLUON=1-4 (the persistent Gluon kernels for Hopper; 3-4 warp-specialized):
 pruning, their compile for sm_90 without a GPU (what CI can check of them), and on a Hopper
 GPU their outputs against the reference at the MoE shape, with empty experts, an empty
 problem and in a CUDA graph."""
@@ -55,8 +55,13 @@ CONFIGS = [
      "GROUP_M": 8, "TAIL_SPLIT": 0, "TAIL_WINDOW": 0},
     {**BASE, "GLUON": 3, "BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 4,
      "num_stages": 6, "GROUP_M": 4, "TAIL_SPLIT": 0, "TMA_STORE": 1},
+    # ... with the tiles from a counter, handed to the consumers by the producer.
+    {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
+     "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1},
+    {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3,
+     "GROUP_M": 8, "TAIL_SPLIT": 0},
 ]  # fmt: skip
-WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] == 3]
+WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] >= 3]
 
 needs_gluon = pytest.mark.skipif(grouped_gemm._gluon is None,
                                  reason=f"Triton {triton.__version__} has no Gluon Hopper API")
@@ -76,7 +81,7 @@ def test_pruning() -> None:
     assert "64 rows" in KERNEL.check_config({**cfg, "BLOCK_M": 128}, MOE, H100)
     assert "num_warps" in KERNEL.check_config({**cfg, "num_warps": 16}, MOE, H100)
     assert "num_stages" in KERNEL.check_config({**cfg, "num_stages": 1}, MOE, H100)
-    assert "GLUON=4" in KERNEL.check_config({**cfg, "GLUON": 4}, MOE, H100)
+    assert "GLUON=5" in KERNEL.check_config({**cfg, "GLUON": 5}, MOE, H100)
     # The consumer takes its tiles from the producer, STAGES - 1 steps ahead: K must
     # have at least STAGES steps.
     assert "fewer than" in KERNEL.check_config(cfg, {**MOE, "K": 128}, H100)
@@ -98,6 +103,8 @@ def test_pruning_warp_specialized() -> None:
                                                  MOE, H100)
     assert "64 rows" in KERNEL.check_config({**cfg, "BLOCK_M": 64}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
+    assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 8},
+                                                       MOE, H100)
     assert "num_stages" in KERNEL.check_config({**cfg, "num_stages": 1}, MOE, H100)
     # 5 stages of 32 KB and two 32 KB staging tiles fit in 227 KB; 6 do not.
     assert KERNEL.check_config({**cfg, "num_stages": 5}, MOE, H100) is None
@@ -240,7 +247,7 @@ def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> N
 
 @pytest.mark.gpu
 @needs_gluon
-@pytest.mark.parametrize("i", [0, WS[0]])
+@pytest.mark.parametrize("i", [0, WS[0], WS[-2]])
 def test_gpu_in_a_cuda_graph(device: str, i: int) -> None:
     """Both launches capture into a CUDA graph; a replay after the routing changed in the
     same offsets buffer gives the new answer."""

@@ -1,8 +1,8 @@
 """The warp-specialized Gluon engine (GLUON=3: a TMA producer warp, two consumer warp
-groups on alternate tiles) beside the best Triton config and the single-consumer Gluon
-engine, on the three routings at the MoE shape, each timed right beside dense cuBLAS of
-the same FLOPs; cuBLAS's batched GEMM on the balanced routing (the same work as the
-grouped GEMM there) beside them.
+groups on alternate tiles; GLUON=4: the same with its tiles from a counter) beside the
+best Triton config and the single-consumer Gluon engine, on the three routings at the
+MoE shape, each timed right beside dense cuBLAS of the same FLOPs; cuBLAS's batched GEMM
+on the balanced routing (the same work as the grouped GEMM there) beside them.
 
 Session 18 (Nsight Compute) found the full tiles' remaining gap to cuBLAS in the tensor
 pipe's idle time around tile boundaries: this kernel overlaps one consumer's store with
@@ -75,8 +75,10 @@ def main_configs() -> dict[str, dict]:
     """The best Triton config and the Gluon engine beside GLUON=3 (twice: the run's
     noise floor)."""
     return {"best Triton config": best_config(), "Gluon, stride": gluon_config(),
-            "ping-pong s4": pingpong(), "ping-pong s5": pingpong(num_stages=5),
-            "ping-pong s4 (again)": pingpong()}
+            "ping-pong s5": pingpong(num_stages=5),
+            "ping-pong s5, counter": pingpong(num_stages=5, GLUON=4),
+            "ping-pong s4, counter": pingpong(GLUON=4),
+            "ping-pong s5 (again)": pingpong(num_stages=5)}
 
 
 def main() -> None:
