@@ -1,16 +1,19 @@
 """The grouped GEMM as a warp-specialized, persistent Gluon kernel for Hopper
-(``GLUON=3``, and ``GLUON=4`` with its tiles from a counter): a producer warp and two
-consumer warp groups per SM, the shape of cuBLAS's own Hopper GEMMs ("ping-pong").
+(``GLUON=3``, and ``GLUON=4`` with its tiles from a counter): a producer warp and the
+consumer warp groups per SM, the shapes of cuBLAS's and CUTLASS's own Hopper GEMMs.
 
 The producer walks this program's tiles (the block table's m-blocks x n-tiles, stride =
 the grid, or with ``DYNAMIC`` the next one nobody has taken, whose id it hands the
 consumer in shared memory) and keeps a ring of ``STAGES`` A / W boxes filled by TMA,
-each slot guarded by a ready and an empty barrier. The two consumer warp groups take
-alternate tiles of that sequence, each with its own BM x BN accumulator: while one
-stores a finished tile, the other's wgmmas keep the tensor cores busy, which a
-single-consumer kernel (``GLUON=1/2``, ``kernels/_grouped_gemm_gluon.py``) cannot do
-(session 18 measured that idle time with Nsight Compute: half its stalls at barriers
-around the tile boundary).
+each slot guarded by a ready and an empty barrier. With ``num_warps=4`` two consumer
+warp groups take alternate tiles of that sequence ("ping-pong"), each with its own BM x
+BN accumulator: while one stores a finished tile, the other's wgmmas keep the tensor
+cores busy, which a single-consumer kernel (``GLUON=1/2``,
+``kernels/_grouped_gemm_gluon.py``) cannot do (session 18 measured that idle time with
+Nsight Compute: half its stalls at barriers around the tile boundary). With
+``num_warps=8`` one consumer of two warp groups splits each tile ("cooperative", as
+cuBLAS's batched GEMM here, 128 x 256 tiles): a taller tile shares each W box between
+both groups, at the price of a store the tensor cores wait for.
 
 Every tile has the same ``k_tiles`` K steps whatever its height, so a consumer finds its
 j-th tile's slots in the ring at ``j * k_tiles`` without asking the producer. It starts
@@ -18,8 +21,8 @@ waiting on them only once the other consumer has taken all of tile j - 1's (the 
 barriers): an mbarrier wait names a phase by its parity only, so a consumer that waited
 two fills ahead of the ring would pass on the fill before its own (session 19's first
 run, without them, read unloaded slots and faulted). That also keeps the two mainloops
-in turn, the other's epilogue under each. Half-height tails (``TAIL_SPLIT=1``) load a
-shorter A box into the same slots and run a 64-row wgmma.
+in turn, the other's epilogue under each. Tails (``TAIL_SPLIT``) load a shorter A box
+into the same slots and run a shorter wgmma.
 """
 
 from __future__ import annotations
@@ -45,13 +48,10 @@ from kernels._grouped_gemm_gluon import (
     _tma_store,
 )
 
-__all__ = ["CONSUMER_REGS", "CONSUMER_WARPS", "PRODUCER_REGS", "WS_API",
-           "grouped_gemm_gluon_ws_kernel"]
+__all__ = ["CONSUMER_REGS", "PRODUCER_REGS", "WS_API", "grouped_gemm_gluon_ws_kernel"]
 
-# Each consumer is one warp group; its BM x BN accumulator must fit in its registers.
-CONSUMER_WARPS = 4
 # Registers per thread of the worker partitions (setmaxnreg): the producer only issues
-# TMA copies; the second consumer holds a 128 x 128 fp32 accumulator (128 a thread) and
+# TMA copies; a ping-pong consumer holds a 128 x 128 fp32 accumulator (128 a thread) and
 # its addresses. The split cuBLAS and CUTLASS use on Hopper (40 / 232).
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
@@ -61,22 +61,22 @@ WS_API = "functions_and_args" in inspect.signature(gl.warp_specialize).parameter
 
 
 @gluon.jit
-def _send(handoff, j, tile):
-    """The producer's j-th tile id to consumer j % 2, once it has read its last one."""
+def _send(handoff, j, tile, NC: gl.constexpr):
+    """The producer's j-th tile id to consumer j % NC, once it has read its last one."""
     ids, id_ready, id_empty = handoff
-    c = j % 2
-    mbarrier.wait(id_empty.index(c), ((j // 2) & 1) ^ 1)
+    c = j % NC
+    mbarrier.wait(id_empty.index(c), ((j // NC) & 1) ^ 1)
     one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     ids.index(c).store(gl.full([1], tile, gl.int32, one))
     mbarrier.arrive(id_ready.index(c))
 
 
 @gluon.jit
-def _receive(handoff, cid: gl.constexpr, i):
+def _receive(handoff, cid: gl.constexpr, i, CW: gl.constexpr):
     """Consumer ``cid``'s i-th tile id from the producer."""
     ids, id_ready, id_empty = handoff
     mbarrier.wait(id_ready.index(cid), i & 1)
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [CW], [0])
     tile = gl.max(ids.index(cid).load(one), axis=0)
     mbarrier.arrive(id_empty.index(cid))
     return tile
@@ -85,19 +85,19 @@ def _receive(handoff, cid: gl.constexpr, i):
 @gluon.jit
 def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              TAIL_SPLIT: gl.constexpr, DYNAMIC: gl.constexpr):
+              TAIL_SPLIT: gl.constexpr, DYNAMIC: gl.constexpr, NC: gl.constexpr):
     """TMA loads of every K step of this program's tiles into the ring, in tile order;
     a slot is refilled once its consumer's wgmma has released it. With DYNAMIC the tiles
     come from the table's counter (the first is the program's id), and each id goes to
     its consumer through ``handoff``; past the last, each consumer gets an id >= total."""
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
-    a_desc, a_half, w_desc, ready, empty, a_bufs, w_bufs = ring
+    a_desc, a_half, a_quarter, w_desc, ready, empty, a_bufs, w_bufs = ring
     p = 0
     j = 0
     tile = pid
     while tile < total:
         if DYNAMIC:
-            _send(handoff, j, tile)
+            _send(handoff, j, tile, NC)
         # Taken a tile ahead: the atomic's round trip hides under this tile's loads.
         nxt = _next_tile(tile, counter_ptr, P, DYNAMIC)
         expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
@@ -108,7 +108,10 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
             # Empty barriers start in phase 0: the first pass over the ring does not wait.
             mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            if TAIL_SPLIT >= 1 and h == 1:
+            if TAIL_SPLIT >= 2 and h == 2:
+                mbarrier.expect(bar, a_quarter.block_type.nbytes + w_desc.block_type.nbytes)
+                _tma_load(a_quarter, [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 4))
+            elif TAIL_SPLIT >= 1 and h == 1:
                 mbarrier.expect(bar, a_half.block_type.nbytes + w_desc.block_type.nbytes)
                 _tma_load(a_half, [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 2))
             else:
@@ -119,52 +122,57 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
         tile = nxt
         j += 1
     if DYNAMIC:
-        _send(handoff, j, tile)
-        _send(handoff, j + 1, tile)
+        for c in gl.static_range(NC):
+            _send(handoff, j + c, tile, NC)
 
 
 @gluon.jit
 def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, n0, N,
                         BM_T: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                        TMA_STORE: gl.constexpr):
+                        TMA_STORE: gl.constexpr, NC: gl.constexpr, CW: gl.constexpr):
     """One BM_T x BN tile whose K steps sit at ring positions ``base ...``: each wgmma
     left in flight while the next is issued, each slot released as soon as the wgmma
-    that read it is done; ``my_turn`` passes to the other consumer once the last slot is
-    taken; then the tile leaves through ``c_buf`` (a TMA store when it lies inside its
-    expert, masked stores when it straddles the expert's end)."""
-    ready, empty, a_bufs, w_bufs = ring[3], ring[4], ring[5], ring[6]
-    out_ptr, stride_om, out_desc, out_half = outs
-    layout: gl.constexpr = _mma_layout(BM_T, BN, 4)
+    that read it is done; ``my_turn`` passes to the other consumer (NC = 2) once the
+    last slot is taken; then the tile leaves through ``c_buf`` (a TMA store when it lies
+    inside its expert, masked stores when it straddles the expert's end). CW: the
+    consumer's warps."""
+    ready, empty, a_bufs, w_bufs = ring[4], ring[5], ring[6], ring[7]
+    out_ptr, stride_om, out_desc, out_half, out_quarter = outs
+    BM: gl.constexpr = c_buf.type.shape[0]
+    layout: gl.constexpr = _mma_layout(BM_T, BN, CW)
     acc = gl.zeros([BM_T, BN], gl.float32, layout)
     for kk in range(k_tiles):
         q = base + kk
         s = q % STAGES
         mbarrier.wait(ready.index(s), (q // STAGES) & 1)
         a = a_bufs.index(s)
-        if BM_T < a_bufs.type.shape[1]:
+        if BM_T < BM:
             a = a.slice(0, BM_T)
         acc = warpgroup_mma(a, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
         # The wgmma before this one is done: its slot goes back to the producer.
         acc = warpgroup_mma_wait(1, deps=(acc,))
         mbarrier.arrive(empty.index((q + STAGES - 1) % STAGES), pred=kk > 0)
-    mbarrier.arrive(my_turn)
+    if NC == 2:
+        mbarrier.arrive(my_turn)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
     # This consumer's previous TMA store may still be reading its staging buffer.
     tma.store_wait(0)
     stage = c_buf
-    if BM_T < c_buf.type.shape[0]:
+    if BM_T < BM:
         stage = c_buf.slice(0, BM_T)
     stage.store(acc.to(out_ptr.dtype.element_ty))
     if TMA_STORE and m0 + BM_T <= row_end:
         fence_async_shared()
-        if BM_T == c_buf.type.shape[0]:
+        if BM_T == BM:
             _tma_store(out_desc, [m0, n0], stage)
-        else:
+        elif BM_T == BM // 2:
             _tma_store(out_half, [m0, n0], stage)
+        else:
+            _tma_store(out_quarter, [m0, n0], stage)
     else:
         # A box past the expert's end would overwrite the next expert's rows.
-        st: gl.constexpr = _store_layout(BN, 4)
+        st: gl.constexpr = _store_layout(BN, CW)
         vals = stage.load(st)
         rows = m0 + gl.arange(0, BM_T, layout=gl.SliceLayout(1, st))
         cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, st))
@@ -176,52 +184,61 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
 def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
               BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
-              DYNAMIC: gl.constexpr):
-    """Consumer ``cid`` (0 or 1): this program's tiles number cid, cid + 2, ... (their
-    ids at a fixed stride, or from the producer with DYNAMIC); its i-th starts once the
-    other consumer has taken its tile before (consumer 0's first waits on a fresh
-    barrier's completed phase 1, so not at all)."""
+              DYNAMIC: gl.constexpr, NC: gl.constexpr, CW: gl.constexpr):
+    """Consumer ``cid`` of NC: this program's tiles number cid, cid + NC, ... (their
+    ids at a fixed stride, or from the producer with DYNAMIC). With two, its i-th tile
+    starts once the other consumer has taken its tile before (consumer 0's first waits
+    on a fresh barrier's completed phase 1, so not at all)."""
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
     c_buf = c_bufs.index(cid)
     my_turn = turn.index(cid)
     i = 0
     if DYNAMIC:
-        tile = _receive(handoff, cid, 0)
+        tile = _receive(handoff, cid, 0, CW)
     else:
         tile = pid + cid * P
     while tile < total:
         expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
                                                    num_pid_n, GROUP_M)
-        mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
-        base = (2 * i + cid) * k_tiles
+        if NC == 2:
+            mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
+        base = (NC * i + cid) * k_tiles
         # A tile's height is a constexpr of its code: one call per height.
-        if TAIL_SPLIT >= 1 and h == 1:
+        if TAIL_SPLIT >= 2 and h == 2:
             _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
-                                pid_n * BN, N, BM // 2, BN, STAGES, TMA_STORE)
+                                pid_n * BN, N, BM // 4, BN, STAGES, TMA_STORE, NC, CW)
+        elif TAIL_SPLIT >= 1 and h == 1:
+            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
+                                pid_n * BN, N, BM // 2, BN, STAGES, TMA_STORE, NC, CW)
         else:
             _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
-                                pid_n * BN, N, BM, BN, STAGES, TMA_STORE)
+                                pid_n * BN, N, BM, BN, STAGES, TMA_STORE, NC, CW)
         i += 1
         if DYNAMIC:
-            tile = _receive(handoff, cid, i)
+            tile = _receive(handoff, cid, i, CW)
         else:
-            tile += 2 * P
+            tile += NC * P
     tma.store_wait(0)
 
 
 @gluon.jit
 def grouped_gemm_gluon_ws_kernel(
-    a_desc, a_half, w_desc, out_desc, out_half, out_ptr, table_ptr, N, K, NB, stride_om,
+    a_desc, a_half, a_quarter, w_desc, out_desc, out_half, out_quarter, out_ptr, table_ptr,
+    N, K, NB, stride_om,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
     DYNAMIC: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
-    module docstring). ``a_desc`` / ``a_half``: A [M, K] in boxes of BM and BM/2 rows;
-    ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc`` / ``out_half``: out [M, N]
-    in boxes of BM and BM/2 rows (used with TMA_STORE). Runs with num_warps=4 (the first
-    consumer); the second consumer and the producer are worker partitions. DYNAMIC:
-    tiles from the table's counter as the producer frees up, not at a fixed stride."""
+    module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
+    BM/2, BM/4 rows; ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc`` /
+    ``out_half`` / ``out_quarter``: out [M, N] in the same heights (used with TMA_STORE).
+    num_warps=4: two consumers of one warp group each on alternate tiles (the kernel's
+    own warps and a worker partition), "ping-pong"; num_warps=8: one consumer of two
+    warp groups splitting each tile ("cooperative"). The producer is a one-warp worker.
+    DYNAMIC: tiles from the table's counter as the producer frees up."""
+    NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     num_pid_m = gl.load(table_ptr + 4 * NB)
@@ -232,14 +249,14 @@ def grouped_gemm_gluon_ws_kernel(
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [2, BM, BN], out_desc.layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    # The tile ids the producer hands each consumer (DYNAMIC).
+    # The consumers' turns, and the tile ids the producer hands them (DYNAMIC).
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     id_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     id_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -250,16 +267,26 @@ def grouped_gemm_gluon_ws_kernel(
 
     sched = (total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, table_ptr + 4 * NB + 1)
     handoff = (ids, id_ready, id_empty)
-    ring = (a_desc, a_half, w_desc, ready, empty, a_bufs, w_bufs)
-    outs = (out_ptr, stride_om, out_desc, out_half)
-    gl.warp_specialize([
-        (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                     GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC)),
-        (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                     GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC)),
-        (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                     DYNAMIC)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # 4: CONSUMER_WARPS
+    ring = (a_desc, a_half, a_quarter, w_desc, ready, empty, a_bufs, w_bufs)
+    outs = (out_ptr, stride_om, out_desc, out_half, out_quarter)
+    # The partitions' constexprs go in each argument tuple as written: a tuple built
+    # beforehand carries them as runtime values.
+    if NC == 2:
+        gl.warp_specialize([
+            (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
+                         GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC, NC, 4)),
+            (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
+                         GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC, NC, 4)),
+            (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
+                         DYNAMIC, NC)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
+                         GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC, NC, num_warps)),
+            (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
+                         DYNAMIC, NC)),
+        ], [1], [PRODUCER_REGS])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))

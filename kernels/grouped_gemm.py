@@ -927,22 +927,18 @@ class GroupedGemm(Launches, Kernel):
 
     @staticmethod
     def _gluon_ws_launch(args: tuple, num_progs: int, cfg: Config) -> Launch:
-        """GLUON=3 / 4's launch from the Gluon engine's arguments: the warp-specialized
-        kernel takes no quarter boxes (its smallest tile is a warp group's 64 rows)."""
+        """GLUON=3 / 4's launch, with the Gluon engine's arguments."""
         if _gluon_ws is None:
             raise RuntimeError(f"GLUON={cfg['GLUON']}: this Triton cannot warp-specialize "
                                f"Gluon ({_GLUON_WS_MISSING})")
-        a_desc, a_half, _, w_desc, out_desc, out_half, _, *rest = args
         meta = {
             "BM": int(cfg["BLOCK_M"]), "BN": int(cfg["BLOCK_N"]), "BK": int(cfg["BLOCK_K"]),
             "STAGES": int(cfg["num_stages"]), "GROUP_M": int(cfg["GROUP_M"]),
             "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TMA_STORE": bool(int(cfg["TMA_STORE"])),
             "DYNAMIC": int(cfg["GLUON"]) == 4, "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
-            "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS,
-            "num_warps": _gluon_ws.CONSUMER_WARPS,
+            "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS, "num_warps": int(cfg["num_warps"]),
         }
-        return Launch(_gluon_ws.grouped_gemm_gluon_ws_kernel, (num_progs,),
-                      (a_desc, a_half, w_desc, out_desc, out_half, *rest), meta)
+        return Launch(_gluon_ws.grouped_gemm_gluon_ws_kernel, (num_progs,), args, meta)
 
     @staticmethod
     def _check_gluon(cfg: Config, shape: Shape, device: DeviceSpec) -> str | None:
@@ -978,25 +974,28 @@ class GroupedGemm(Launches, Kernel):
 
     @staticmethod
     def _check_gluon_ws(cfg: Config) -> str | None:
-        """GLUON=3 / 4's limits: one warp group per consumer, each holding a whole tile."""
+        """GLUON=3 / 4's limits: num_warps=4, two consumers of one warp group each,
+        each holding a whole tile of one or half a block; num_warps=8, one consumer of
+        two warp groups; every tile >= 64 rows (a warp group's wgmma)."""
         ws = f"GLUON={cfg['GLUON']}"
         if _gluon_ws is None:
             return f"{ws}: Triton {triton.__version__} cannot load it ({_GLUON_WS_MISSING})"
         if not _gluon_ws.WS_API:
             return f"{ws}: Triton {triton.__version__}'s gl.warp_specialize is the old form"
         bm, bn, split = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["TAIL_SPLIT"])
-        if int(cfg["num_warps"]) != _gluon_ws.CONSUMER_WARPS:
-            return (f"{ws}: num_warps={cfg['num_warps']}: each consumer is one warp group "
-                    f"(num_warps={_gluon_ws.CONSUMER_WARPS})")
+        warps = int(cfg["num_warps"])
+        if warps not in (4, 8):
+            return (f"{ws}: num_warps={warps}: 4 (two consumers of one warp group) or 8 "
+                    "(one of two)")
         if int(cfg["num_stages"]) < 2:
             return f"{ws}: the ring needs num_stages >= 2"
-        if split > 1 or bm >> split < 64:
-            return (f"{ws}: BLOCK_M={bm}, TAIL_SPLIT={split}: its tiles are one or half a "
-                    "block of >= 64 rows (a warp group's wgmma)")
-        # Two accumulators live at once, one per consumer warp group of 128 threads.
-        if bm * bn // 128 > _gluon_ws.CONSUMER_REGS - 64:
-            return (f"{ws}: a {bm}x{bn} accumulator is {bm * bn // 128} registers a "
-                    f"thread, more than a consumer's {_gluon_ws.CONSUMER_REGS} leave room for")
+        if bm >> split < 64 or (warps == 4 and split > 1):
+            return (f"{ws}: BLOCK_M={bm}, TAIL_SPLIT={split}, num_warps={warps}: a tile "
+                    "below 64 rows (a warp group's wgmma)")
+        per_thread = bm * bn // (32 * warps)
+        if per_thread > _gluon_ws.CONSUMER_REGS - 64:
+            return (f"{ws}: a {bm}x{bn} accumulator is {per_thread} registers a thread, "
+                    f"more than a consumer's {_gluon_ws.CONSUMER_REGS} leave room for")
         return None
 
     @staticmethod
@@ -1138,8 +1137,8 @@ class GroupedGemm(Launches, Kernel):
         # TMA store stages the tile in a buffer of its own: then both are live at once.
         # So does the Gluon kernel's staging tile, which every store goes through.
         staged = flatten or tma_store or int(cfg["GLUON"])
-        # GLUON=3 / 4's two consumers each stage their own tile.
-        epilogue *= 2 if int(cfg["GLUON"]) >= 3 else 1
+        # GLUON=3 / 4's two consumers (num_warps=4) each stage their own tile.
+        epilogue *= 2 if int(cfg["GLUON"]) >= 3 and warps == 4 else 1
         smem = pipeline + epilogue if staged else max(pipeline, epilogue)
         if smem > device.smem_per_block:
             return f"shared memory ~{smem} B > {device.smem_per_block} B per block"

@@ -8,13 +8,14 @@ Session 18 (Nsight Compute) found the full tiles' remaining gap to cuBLAS in the
 pipe's idle time around tile boundaries: this kernel overlaps one consumer's store with
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
-    python3 benchmarks/device/diag_grouped_pingpong.py [--study main|sweep|grid|window] \
+    python3 benchmarks/device/diag_grouped_pingpong.py [--study main|sweep|grid|window|coop] \
         [--rounds 5] [--rep 100] [--json F]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
 their combinations on both realistic routings. Study ``window``: the tails dealt out
-last (``window_configs``).
+last (``window_configs``). Study ``coop``: one consumer of two warp groups
+(``coop_configs``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,21 @@ def window_configs() -> dict[str, dict]:
             for s in (4, 5) for w in (0, 16, 64)}
 
 
+def coop_configs() -> dict[str, dict]:
+    """Study ``coop``: one consumer of two warp groups splitting 256 x 128 tiles (the
+    tile and split of cuBLAS's batched GEMM here, nvjet_sm90_tst_128x256_64x4, session
+    18 call 17), beside ping-pong s5: a W box serves twice the rows, the store is not
+    hidden."""
+    coop = pingpong(num_warps=8, BLOCK_M=256, num_stages=3, TAIL_SPLIT=2)
+    return {"ping-pong s5": pingpong(num_stages=5),
+            "coop 256x128 s3": coop,
+            "coop 256x128 BK32 s6": {**coop, "BLOCK_K": 32, "num_stages": 6},
+            "coop 256x128 s3 TAIL_SPLIT=1": {**coop, "TAIL_SPLIT": 1},
+            "coop 256x128 s3, counter": {**coop, "GLUON": 4},
+            "coop 128x256 s3": {**coop, "BLOCK_M": 128, "BLOCK_N": 256, "TAIL_SPLIT": 1},
+            "ping-pong s5 (again)": pingpong(num_stages=5)}
+
+
 def main_configs() -> dict[str, dict]:
     """The best Triton config and the Gluon engine beside GLUON=3 (twice: the run's
     noise floor)."""
@@ -88,6 +104,8 @@ def main() -> None:
     if args.study == "sweep":
         cfgs = sweep_configs()
         problems = {"log-normal": problems["log-normal"]}
+    elif args.study == "coop":
+        cfgs = coop_configs()
     elif args.study in ("grid", "window"):
         cfgs = grid_configs() if args.study == "grid" else window_configs()
         del problems["balanced"]
