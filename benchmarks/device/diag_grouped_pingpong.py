@@ -29,6 +29,7 @@ from benchmarks.device.diag_grouped_steady import (
     verify,
 )
 from benchmarks.device.diag_grouped_tailcost import best_config, gluon_config
+from harness import packs
 from kernels.grouped_gemm import GroupedGemm, _dense_baseline
 
 # GLUON=3's fixed part: 128 x 128 tiles per consumer, 64-deep K steps.
@@ -88,9 +89,11 @@ def coop_configs() -> dict[str, dict]:
 
 
 def main_configs() -> dict[str, dict]:
-    """The best Triton config and the Gluon engine beside GLUON=3 (twice: the run's
-    noise floor)."""
+    """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
+    (ping-pong s5 twice: the run's noise floor)."""
+    pack = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
     return {"best Triton config": best_config(), "Gluon, stride": gluon_config(),
+            f"this GPU's pack ({pack.source})": dict(pack.config),
             "ping-pong s5": pingpong(num_stages=5),
             "ping-pong s5, counter": pingpong(num_stages=5, GLUON=4),
             "ping-pong s4, counter": pingpong(GLUON=4),
