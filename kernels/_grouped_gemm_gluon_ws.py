@@ -22,7 +22,10 @@ barriers): an mbarrier wait names a phase by its parity only, so a consumer that
 two fills ahead of the ring would pass on the fill before its own (session 19's first
 run, without them, read unloaded slots and faulted). That also keeps the two mainloops
 in turn, the other's epilogue under each. Tails (``TAIL_SPLIT``) load a shorter A box
-into the same slots and run a shorter wgmma.
+into the same slots and run a shorter wgmma; pieces below a warp group's 64 rows (a
+quarter of a 128-row block, and the table's ``TAIL_FINE`` eighths and sixteenths) run
+transposed, their rows on wgmma's N side (n32 / n16 / n8): the MMA pads them to 8 rows,
+not 64.
 """
 
 from __future__ import annotations
@@ -85,13 +88,14 @@ def _receive(handoff, cid: gl.constexpr, i, CW: gl.constexpr):
 @gluon.jit
 def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              TAIL_SPLIT: gl.constexpr, DYNAMIC: gl.constexpr, NC: gl.constexpr):
+              TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr, DYNAMIC: gl.constexpr,
+              NC: gl.constexpr):
     """TMA loads of every K step of this program's tiles into the ring, in tile order;
     a slot is refilled once its consumer's wgmma has released it. With DYNAMIC the tiles
     come from the table's counter (the first is the program's id), and each id goes to
     its consumer through ``handoff``; past the last, each consumer gets an id >= total."""
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
-    a_desc, a_half, a_quarter, w_desc, ready, empty, a_bufs, w_bufs = ring
+    a_desc, a_half, a_quarter, a_fine, w_desc, ready, empty, a_bufs, w_bufs = ring
     p = 0
     j = 0
     tile = pid
@@ -108,7 +112,13 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
             # Empty barriers start in phase 0: the first pass over the ring does not wait.
             mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            if TAIL_SPLIT >= 2 and h == 2:
+            if TAIL_FINE >= 2 and h == 4:
+                mbarrier.expect(bar, a_fine[1].block_type.nbytes + w_desc.block_type.nbytes)
+                _tma_load(a_fine[1], [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 16))
+            elif TAIL_FINE >= 1 and h == 3:
+                mbarrier.expect(bar, a_fine[0].block_type.nbytes + w_desc.block_type.nbytes)
+                _tma_load(a_fine[0], [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 8))
+            elif TAIL_SPLIT >= 2 and h == 2:
                 mbarrier.expect(bar, a_quarter.block_type.nbytes + w_desc.block_type.nbytes)
                 _tma_load(a_quarter, [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 4))
             elif TAIL_SPLIT >= 1 and h == 1:
@@ -136,11 +146,16 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
     last slot is taken; then the tile leaves through ``c_buf`` (a TMA store when it lies
     inside its expert, masked stores when it straddles the expert's end). CW: the
     consumer's warps."""
-    ready, empty, a_bufs, w_bufs = ring[4], ring[5], ring[6], ring[7]
+    ready, empty, a_bufs, w_bufs = ring[5], ring[6], ring[7], ring[8]
     out_ptr, stride_om, out_desc, out_half, out_quarter = outs
     BM: gl.constexpr = c_buf.type.shape[0]
-    layout: gl.constexpr = _mma_layout(BM_T, BN, CW)
-    acc = gl.zeros([BM_T, BN], gl.float32, layout)
+    # Below a warp group's 64 rows the tile runs transposed: W's BN rows on wgmma's M,
+    # the tile's rows on its N (8 to 32), so a short tail pads to 8 rows, not 64.
+    SWAP: gl.constexpr = BM_T < 64
+    if SWAP:
+        acc = gl.zeros([BN, BM_T], gl.float32, _mma_layout(BN, BM_T, CW))
+    else:
+        acc = gl.zeros([BM_T, BN], gl.float32, _mma_layout(BM_T, BN, CW))
     for kk in range(k_tiles):
         q = base + kk
         s = q % STAGES
@@ -148,7 +163,10 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
         a = a_bufs.index(s)
         if BM_T < BM:
             a = a.slice(0, BM_T)
-        acc = warpgroup_mma(a, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        if SWAP:
+            acc = warpgroup_mma(w_bufs.index(s), a.permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(a, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
         # The wgmma before this one is done: its slot goes back to the producer.
         acc = warpgroup_mma_wait(1, deps=(acc,))
         mbarrier.arrive(empty.index((q + STAGES - 1) % STAGES), pred=kk > 0)
@@ -161,8 +179,12 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
     stage = c_buf
     if BM_T < BM:
         stage = c_buf.slice(0, BM_T)
-    stage.store(acc.to(out_ptr.dtype.element_ty))
-    if TMA_STORE and m0 + BM_T <= row_end:
+    if SWAP:
+        stage.store(gl.permute(acc.to(out_ptr.dtype.element_ty), (1, 0)))
+    else:
+        stage.store(acc.to(out_ptr.dtype.element_ty))
+    # The output boxes go down to a quarter block; finer tiles take the masked stores.
+    if TMA_STORE and BM_T >= BM // 4 and m0 + BM_T <= row_end:
         fence_async_shared()
         if BM_T == BM:
             _tma_store(out_desc, [m0, n0], stage)
@@ -183,8 +205,9 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
 @gluon.jit
 def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
               BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
-              DYNAMIC: gl.constexpr, NC: gl.constexpr, CW: gl.constexpr):
+              GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
+              TMA_STORE: gl.constexpr, DYNAMIC: gl.constexpr, NC: gl.constexpr,
+              CW: gl.constexpr):
     """Consumer ``cid`` of NC: this program's tiles number cid, cid + NC, ... (their
     ids at a fixed stride, or from the producer with DYNAMIC). With two, its i-th tile
     starts once the other consumer has taken its tile before (consumer 0's first waits
@@ -204,7 +227,13 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
             mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
         base = (NC * i + cid) * k_tiles
         # A tile's height is a constexpr of its code: one call per height.
-        if TAIL_SPLIT >= 2 and h == 2:
+        if TAIL_FINE >= 2 and h == 4:
+            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
+                                pid_n * BN, N, BM // 16, BN, STAGES, TMA_STORE, NC, CW)
+        elif TAIL_FINE >= 1 and h == 3:
+            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
+                                pid_n * BN, N, BM // 8, BN, STAGES, TMA_STORE, NC, CW)
+        elif TAIL_SPLIT >= 2 and h == 2:
             _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
                                 pid_n * BN, N, BM // 4, BN, STAGES, TMA_STORE, NC, CW)
         elif TAIL_SPLIT >= 1 and h == 1:
@@ -224,16 +253,18 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
 @gluon.jit
 def grouped_gemm_gluon_ws_kernel(
     a_desc, a_half, a_quarter, w_desc, out_desc, out_half, out_quarter, out_ptr, table_ptr,
-    N, K, NB, stride_om,
+    N, K, NB, stride_om, a_eighth, a_sixteenth,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-    GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TMA_STORE: gl.constexpr,
+    GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
+    TMA_STORE: gl.constexpr,
     DYNAMIC: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
     module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
     BM/2, BM/4 rows; ``w_desc``: W as [E*N, K] in [BN, BK] boxes; ``out_desc`` /
-    ``out_half`` / ``out_quarter``: out [M, N] in the same heights (used with TMA_STORE).
+    ``out_half`` / ``out_quarter``: out [M, N] in the same heights (used with TMA_STORE);
+    ``a_eighth`` / ``a_sixteenth``: A in the table's fine pieces (TAIL_FINE 1 / 2).
     num_warps=4: two consumers of one warp group each on alternate tiles (the kernel's
     own warps and a worker partition), "ping-pong"; num_warps=8: one consumer of two
     warp groups splitting each tile ("cooperative"). The producer is a one-warp worker.
@@ -267,25 +298,26 @@ def grouped_gemm_gluon_ws_kernel(
 
     sched = (total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, table_ptr + 4 * NB + 1)
     handoff = (ids, id_ready, id_empty)
-    ring = (a_desc, a_half, a_quarter, w_desc, ready, empty, a_bufs, w_bufs)
+    ring = (a_desc, a_half, a_quarter, (a_eighth, a_sixteenth), w_desc, ready, empty,
+            a_bufs, w_bufs)
     outs = (out_ptr, stride_om, out_desc, out_half, out_quarter)
     # The partitions' constexprs go in each argument tuple as written: a tuple built
     # beforehand carries them as runtime values.
     if NC == 2:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                         GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC, NC, 4)),
+                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4)),
             (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                         GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC, NC, 4)),
+                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                         DYNAMIC, NC)),
+                         TAIL_FINE, DYNAMIC, NC)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                         GROUP_M, TAIL_SPLIT, TMA_STORE, DYNAMIC, NC, num_warps)),
+                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, num_warps)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                         DYNAMIC, NC)),
+                         TAIL_FINE, DYNAMIC, NC)),
         ], [1], [PRODUCER_REGS])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))

@@ -912,7 +912,9 @@ class GroupedGemm(Launches, Kernel):
         )
         stages = int(cfg["num_stages"])
         if int(cfg["GLUON"]) >= 3:
-            return self._gluon_ws_launch(args, num_progs, cfg)
+            # The table's fine pieces (TAIL_FINE): boxes of an eighth and a sixteenth.
+            fine = tuple(desc(a_rows, [max(bm >> f, 1), bk], a_layout) for f in (3, 4))
+            return self._gluon_ws_launch(args + fine, num_progs, cfg)
         if triton.cdiv(K, bk) < stages:
             # The consumer takes each tile from the producer, STAGES - 1 steps ahead.
             raise ValueError(f"grouped_gemm GLUON: K={K} has fewer than num_stages={stages} "
@@ -934,7 +936,8 @@ class GroupedGemm(Launches, Kernel):
         meta = {
             "BM": int(cfg["BLOCK_M"]), "BN": int(cfg["BLOCK_N"]), "BK": int(cfg["BLOCK_K"]),
             "STAGES": int(cfg["num_stages"]), "GROUP_M": int(cfg["GROUP_M"]),
-            "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TMA_STORE": bool(int(cfg["TMA_STORE"])),
+            "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TAIL_FINE": int(cfg["TAIL_FINE"]),
+            "TMA_STORE": bool(int(cfg["TMA_STORE"])),
             "DYNAMIC": int(cfg["GLUON"]) == 4, "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
             "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS, "num_warps": int(cfg["num_warps"]),
         }
@@ -974,9 +977,10 @@ class GroupedGemm(Launches, Kernel):
 
     @staticmethod
     def _check_gluon_ws(cfg: Config) -> str | None:
-        """GLUON=3 / 4's limits: num_warps=4, two consumers of one warp group each,
-        each holding a whole tile of one or half a block; num_warps=8, one consumer of
-        two warp groups; every tile >= 64 rows (a warp group's wgmma)."""
+        """GLUON=3 / 4's limits: num_warps=4, two consumers of one warp group each, each
+        holding a whole tile, tails below 64 rows run transposed (down to 8 rows, W's
+        BN rows on wgmma's M); num_warps=8, one consumer of two warp groups, every tile
+        >= 64 rows (a warp group's wgmma)."""
         ws = f"GLUON={cfg['GLUON']}"
         if _gluon_ws is None:
             return f"{ws}: Triton {triton.__version__} cannot load it ({_GLUON_WS_MISSING})"
@@ -989,9 +993,14 @@ class GroupedGemm(Launches, Kernel):
                     "(one of two)")
         if int(cfg["num_stages"]) < 2:
             return f"{ws}: the ring needs num_stages >= 2"
-        if bm >> split < 64 or (warps == 4 and split > 1):
-            return (f"{ws}: BLOCK_M={bm}, TAIL_SPLIT={split}, num_warps={warps}: a tile "
-                    "below 64 rows (a warp group's wgmma)")
+        fine = int(cfg["TAIL_FINE"])
+        if warps == 8 and (bm >> split < 64 or fine):
+            return (f"{ws}: BLOCK_M={bm}, TAIL_SPLIT={split}, TAIL_FINE={fine}, num_warps=8: "
+                    "a tile below 64 rows (a warp group's wgmma)")
+        if warps == 4 and (bm < 64 or bm >> (split + fine) < 8 or bn % 64):
+            return (f"{ws}: BLOCK_M={bm}, BLOCK_N={bn}, TAIL_SPLIT={split}, TAIL_FINE={fine}: "
+                    "full tiles of >= 64 rows, transposed tails of >= 8 rows on BLOCK_N a "
+                    "multiple of 64 (a warp group's wgmma)")
         per_thread = bm * bn // (32 * warps)
         if per_thread > _gluon_ws.CONSUMER_REGS - 64:
             return (f"{ws}: a {bm}x{bn} accumulator is {per_thread} registers a thread, "
@@ -1105,10 +1114,12 @@ class GroupedGemm(Launches, Kernel):
             # Triton kernel.
             if fine not in (1, 2):
                 return f"TAIL_FINE={fine}: 0, 1 (eighths) or 2 (eighths and sixteenths)"
-            if split != 2 or not int(cfg.get("USE_TMA", 0)) or int(cfg["GLUON"]):
-                return "TAIL_FINE needs TAIL_SPLIT=2, USE_TMA=1 and GLUON=0"
-            if bm >> (2 + fine) < 16:
-                return f"TAIL_FINE={fine}: BLOCK_M={bm} >> {2 + fine} is below 16"
+            if split != 2 or not int(cfg.get("USE_TMA", 0)) or int(cfg["GLUON"]) in (1, 2):
+                return "TAIL_FINE needs TAIL_SPLIT=2, USE_TMA=1 and GLUON=0, 3 or 4"
+            # tl.dot's 16; the warp-specialized Gluon engine's wgmma N goes down to 8.
+            least = 8 if int(cfg["GLUON"]) else 16
+            if bm >> (2 + fine) < least:
+                return f"TAIL_FINE={fine}: BLOCK_M={bm} >> {2 + fine} is below {least}"
         window = int(cfg["TAIL_WINDOW"])
         if window < 0:
             return f"TAIL_WINDOW={window}: must be >= 0"

@@ -60,6 +60,13 @@ CONFIGS = [
      "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1},
     {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3,
      "GROUP_M": 8, "TAIL_SPLIT": 0},
+    # Tails below 64 rows transposed: quarters (32 rows), and the table's fine pieces.
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
+     "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "TMA_STORE": 1},
+    {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
+     "GROUP_M": 4, "TAIL_SPLIT": 2, "TAIL_FINE": 1},
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4,
+     "num_stages": 6, "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
     # One consumer of two warp groups splitting each tile (cooperative), and its quarters.
     {**BASE, "GLUON": 3, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
      "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
@@ -109,9 +116,14 @@ def test_pruning_warp_specialized() -> None:
     coop = {**cfg, "num_warps": 8, "BLOCK_M": 256, "TAIL_SPLIT": 2, "num_stages": 3}
     assert KERNEL.check_config(coop, MOE, H100) is None
     assert "shared memory" in KERNEL.check_config({**coop, "num_stages": 4}, MOE, H100)
-    assert "TAIL_SPLIT=2" in KERNEL.check_config({**cfg, "TAIL_SPLIT": 2, "BLOCK_M": 256},
-                                                 MOE, H100)
-    assert "64 rows" in KERNEL.check_config({**cfg, "BLOCK_M": 64}, MOE, H100)
+    # Two consumers: tails below 64 rows run transposed, down to 8 rows, on BLOCK_N a
+    # multiple of 64.
+    fine = {**cfg, "TAIL_SPLIT": 2, "TAIL_FINE": 2}
+    assert KERNEL.check_config(fine, MOE, H100) is None
+    assert "8 rows" in KERNEL.check_config({**fine, "BLOCK_M": 64}, MOE, H100)
+    assert "multiple of 64" in KERNEL.check_config({**cfg, "BLOCK_N": 32}, MOE, H100)
+    # One consumer of two warp groups: every tile >= 64 rows, no fine pieces.
+    assert "64 rows" in KERNEL.check_config({**fine, "num_warps": 8}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 2},
                                                        MOE, H100)
@@ -152,7 +164,8 @@ def sm90_features(configs: list[dict]) -> list[dict]:
         ptx = compile_sm90(launches[1], GluonASTSource).asm["ptx"]
         out.append({
             "launches": [lc.fn.__name__ for lc in launches], "grid": list(launches[1].grid),
-            "wgmma": bool(re.search(r"wgmma\.mma_async", ptx)),
+            "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)",
+                                           ptx))),
             "tma_load": bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx)),
             "tma_store": bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)),
             "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned"
@@ -193,6 +206,10 @@ def test_compiles_for_sm90_without_a_gpu(i: int, compiled_sm90: list[dict]) -> N
     assert got["grid"] == [4]  # one program per SM; the CPU stands in with 4
     assert got["wgmma"] and got["tma_load"]
     assert got["tma_store"] == bool(config.get("TMA_STORE"))
+    if i in WS and config["num_warps"] == 4 and config["TAIL_SPLIT"] == 2:
+        # Tails below 64 rows transposed: their rows on wgmma's N, down to the piece.
+        rows = config["BLOCK_M"] >> (2 + config.get("TAIL_FINE", 0))
+        assert f"m64n{rows}k16" in got["wgmma"] and f"m64n{config['BLOCK_N']}k16" in got["wgmma"]
     if i in WS:
         # Three warp groups (two consumers or one of two, and the producer warp); the
         # producer gives its registers to the consumers.
@@ -259,7 +276,7 @@ def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> N
 
 @pytest.mark.gpu
 @needs_gluon
-@pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[-1]])
+@pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[5], WS[-1]])
 def test_gpu_in_a_cuda_graph(device: str, i: int) -> None:
     """Both launches capture into a CUDA graph; a replay after the routing changed in the
     same offsets buffer gives the new answer."""
