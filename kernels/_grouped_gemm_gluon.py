@@ -174,7 +174,19 @@ def _tile(c, p, pk, cur, nxt, sched, ring, outs, m0, row_end, n0,
     if BM_T < BM:
         stage = c_smem.slice(0, BM_T)
     stage.store(acc.to(out_ptr.dtype.element_ty))
-    if TMA_STORE and m0 + BM_T <= row_end:
+    _store_tile(stage, outs, m0, row_end, n0, N, BM_T, BM, BN, TMA_STORE, num_warps)
+    return c, p, pk, cur, nxt
+
+
+@gluon.jit
+def _store_tile(stage, outs, m0, row_end, n0, N, BM_T: gl.constexpr, BM: gl.constexpr,
+                BN: gl.constexpr, TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
+    """The BM_T x BN tile staged in ``stage`` to out at (m0, n0): a TMA store (boxes of
+    BM, BM/2, BM/4 rows) when it lies inside its expert, else masked stores. ``outs``:
+    (out_ptr, stride_om, out_desc, out_half, out_quarter, ...)."""
+    out_ptr, stride_om = outs[0], outs[1]
+    out_desc, out_half, out_quarter = outs[2], outs[3], outs[4]
+    if TMA_STORE and BM_T >= BM // 4 and m0 + BM_T <= row_end:
         fence_async_shared()
         if BM_T == BM:
             _tma_store(out_desc, [m0, n0], stage)
@@ -183,15 +195,15 @@ def _tile(c, p, pk, cur, nxt, sched, ring, outs, m0, row_end, n0,
         else:
             _tma_store(out_quarter, [m0, n0], stage)
     else:
-        # A box past the expert's end would write the next expert's rows: masked
-        # stores, read back from shared memory in rows of 16-byte vectors.
+        # A box past the expert's end would write the next expert's rows (and finer
+        # tiles have no box): masked stores, read back from shared memory in rows of
+        # 16-byte vectors.
         st: gl.constexpr = _store_layout(BN, num_warps)
         vals = stage.load(st)
         rows = m0 + gl.arange(0, BM_T, layout=gl.SliceLayout(1, st))
         cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, st))
         ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
         gl.store(ptrs, vals, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
-    return c, p, pk, cur, nxt
 
 
 @gluon.jit

@@ -35,7 +35,6 @@ import inspect
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -45,10 +44,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from kernels._grouped_gemm_gluon import (
     _mma_layout,
     _next_tile,
-    _store_layout,
+    _store_tile,
     _tile_info,
     _tma_load,
-    _tma_store,
 )
 
 __all__ = ["CONSUMER_REGS", "PRODUCER_REGS", "WS_API", "grouped_gemm_gluon_ws_kernel"]
@@ -95,7 +93,7 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
     come from the table's counter (the first is the program's id), and each id goes to
     its consumer through ``handoff``; past the last, each consumer gets an id >= total."""
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
-    a_desc, a_half, a_quarter, a_fine, w_desc, ready, empty, a_bufs, w_bufs = ring
+    a_boxes, w_desc, ready, empty, a_bufs, w_bufs = ring
     p = 0
     j = 0
     tile = pid
@@ -112,21 +110,13 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
             # Empty barriers start in phase 0: the first pass over the ring does not wait.
             mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            if TAIL_FINE >= 2 and h == 4:
-                mbarrier.expect(bar, a_fine[1].block_type.nbytes + w_desc.block_type.nbytes)
-                _tma_load(a_fine[1], [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 16))
-            elif TAIL_FINE >= 1 and h == 3:
-                mbarrier.expect(bar, a_fine[0].block_type.nbytes + w_desc.block_type.nbytes)
-                _tma_load(a_fine[0], [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 8))
-            elif TAIL_SPLIT >= 2 and h == 2:
-                mbarrier.expect(bar, a_quarter.block_type.nbytes + w_desc.block_type.nbytes)
-                _tma_load(a_quarter, [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 4))
-            elif TAIL_SPLIT >= 1 and h == 1:
-                mbarrier.expect(bar, a_half.block_type.nbytes + w_desc.block_type.nbytes)
-                _tma_load(a_half, [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM // 2))
-            else:
-                mbarrier.expect(bar, a_desc.block_type.nbytes + w_desc.block_type.nbytes)
-                _tma_load(a_desc, [m0, kk * BK], bar, a_bufs.index(s))
+            for f in gl.static_range(5):
+                if f <= TAIL_SPLIT + TAIL_FINE:
+                    if h == f:
+                        mbarrier.expect(bar, a_boxes[f].block_type.nbytes
+                                        + w_desc.block_type.nbytes)
+                        _tma_load(a_boxes[f], [m0, kk * BK], bar,
+                                  a_bufs.index(s).slice(0, BM >> f))
             _tma_load(w_desc, [w_row, kk * BK], bar, w_bufs.index(s))
             p += 1
         tile = nxt
@@ -146,8 +136,8 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
     last slot is taken; then the tile leaves through ``c_buf`` (a TMA store when it lies
     inside its expert, masked stores when it straddles the expert's end). CW: the
     consumer's warps."""
-    ready, empty, a_bufs, w_bufs = ring[5], ring[6], ring[7], ring[8]
-    out_ptr, stride_om, out_desc, out_half, out_quarter = outs
+    ready, empty, a_bufs, w_bufs = ring[2], ring[3], ring[4], ring[5]
+    out_ptr = outs[0]
     BM: gl.constexpr = c_buf.type.shape[0]
     # Below a warp group's 64 rows the tile runs transposed: W's BN rows on wgmma's M,
     # the tile's rows on its N (8 to 32), so a short tail pads to 8 rows, not 64.
@@ -183,23 +173,7 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
         stage.store(gl.permute(acc.to(out_ptr.dtype.element_ty), (1, 0)))
     else:
         stage.store(acc.to(out_ptr.dtype.element_ty))
-    # The output boxes go down to a quarter block; finer tiles take the masked stores.
-    if TMA_STORE and BM_T >= BM // 4 and m0 + BM_T <= row_end:
-        fence_async_shared()
-        if BM_T == BM:
-            _tma_store(out_desc, [m0, n0], stage)
-        elif BM_T == BM // 2:
-            _tma_store(out_half, [m0, n0], stage)
-        else:
-            _tma_store(out_quarter, [m0, n0], stage)
-    else:
-        # A box past the expert's end would overwrite the next expert's rows.
-        st: gl.constexpr = _store_layout(BN, CW)
-        vals = stage.load(st)
-        rows = m0 + gl.arange(0, BM_T, layout=gl.SliceLayout(1, st))
-        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, st))
-        ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
-        gl.store(ptrs, vals, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
+    _store_tile(stage, outs, m0, row_end, n0, N, BM_T, BM, BN, TMA_STORE, CW)
 
 
 @gluon.jit
@@ -226,22 +200,14 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
         if NC == 2:
             mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
         base = (NC * i + cid) * k_tiles
-        # A tile's height is a constexpr of its code: one call per height.
-        if TAIL_FINE >= 2 and h == 4:
-            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
-                                pid_n * BN, N, BM // 16, BN, STAGES, TMA_STORE, NC, CW)
-        elif TAIL_FINE >= 1 and h == 3:
-            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
-                                pid_n * BN, N, BM // 8, BN, STAGES, TMA_STORE, NC, CW)
-        elif TAIL_SPLIT >= 2 and h == 2:
-            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
-                                pid_n * BN, N, BM // 4, BN, STAGES, TMA_STORE, NC, CW)
-        elif TAIL_SPLIT >= 1 and h == 1:
-            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
-                                pid_n * BN, N, BM // 2, BN, STAGES, TMA_STORE, NC, CW)
-        else:
-            _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end,
-                                pid_n * BN, N, BM, BN, STAGES, TMA_STORE, NC, CW)
+        # A tile's height is a constexpr of its code: one call per height class the
+        # config has (the table's classes: BM >> h rows).
+        for f in gl.static_range(5):
+            if f <= TAIL_SPLIT + TAIL_FINE:
+                if h == f:
+                    _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0,
+                                        row_end, pid_n * BN, N, BM >> f, BN, STAGES,
+                                        TMA_STORE, NC, CW)
         i += 1
         if DYNAMIC:
             tile = _receive(handoff, cid, i, CW)
@@ -298,8 +264,9 @@ def grouped_gemm_gluon_ws_kernel(
 
     sched = (total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, table_ptr + 4 * NB + 1)
     handoff = (ids, id_ready, id_empty)
-    ring = (a_desc, a_half, a_quarter, (a_eighth, a_sixteenth), w_desc, ready, empty,
-            a_bufs, w_bufs)
+    # A's boxes by the table's height class h: BM >> h rows.
+    a_boxes = (a_desc, a_half, a_quarter, a_eighth, a_sixteenth)
+    ring = (a_boxes, w_desc, ready, empty, a_bufs, w_bufs)
     outs = (out_ptr, stride_om, out_desc, out_half, out_quarter)
     # The partitions' constexprs go in each argument tuple as written: a tuple built
     # beforehand carries them as runtime values.
