@@ -24,6 +24,7 @@ import time
 import torch
 
 from benchmarks.device.diag_grouped_bound import bmm
+from benchmarks.device.diag_grouped_pingpong import pingpong
 from benchmarks.device.diag_grouped_steady import SHAPE, make_problems, verify
 from benchmarks.device.diag_grouped_tailcost import best_config, gluon_config
 from harness import packs
@@ -102,10 +103,12 @@ def main() -> None:
     notes: dict[str, str] = {}
     for prob, inputs in make_problems(fam).items():
         ref = fam.reference(inputs, SHAPE)
-        cands = {"best (pack + SWAP_AB, TMA store, TAIL_FINE=2)":
+        cands = {"best Triton config (SWAP_AB, TMA store, TAIL_FINE=2)":
                  lambda i=inputs: fam.launcher(i, SHAPE, best),
                  "pack": lambda i=inputs: fam.launcher(i, SHAPE, pack),
                  "Gluon engine, stride": lambda i=inputs: fam.launcher(i, SHAPE, gluon),
+                 "warp-specialized, ping-pong s5":
+                 lambda i=inputs: fam.launcher(i, SHAPE, pingpong(num_stages=5)),
                  "torch._grouped_mm": lambda i=inputs: _grouped_mm_baseline(i, SHAPE)}
         if prob == "balanced":
             cands["cuBLAS bmm"] = lambda i=inputs: bmm(i, False)[0]
