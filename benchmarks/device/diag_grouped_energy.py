@@ -5,7 +5,8 @@ goes"). This times each variant in windows of back-to-back launches and reads th
 energy counter (NVML's total energy, through the driver's own ``libnvidia-ml``) around
 each window: time, energy and mean power per launch, and the SM clock in the middle of
 the window. Variants: session 17's best config, this GPU's pack, the persistent Gluon
-engine (fixed stride, ``diag_grouped_tailcost.gluon_config``), torch._grouped_mm,
+engine (fixed stride, ``diag_grouped_tailcost.gluon_config``), the warp-specialized
+engine (ping-pong, 5 stages), torch._grouped_mm,
 cuBLAS's batched GEMM (balanced routing only: every expert the same rows) and dense
 cuBLAS of the same FLOPs, on the log-normal, balanced and uniform routings. Every output
 is checked first; rounds interleave the variants.
