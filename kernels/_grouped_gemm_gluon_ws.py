@@ -129,16 +129,17 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
 @gluon.jit
 def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, n0, N,
                         BM_T: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                        TMA_STORE: gl.constexpr, NC: gl.constexpr, CW: gl.constexpr):
+                        TMA_STORE: gl.constexpr, NC: gl.constexpr, CW: gl.constexpr,
+                        DIRECT: gl.constexpr):
     """One BM_T x BN tile whose K steps sit at ring positions ``base ...``: each wgmma
     left in flight while the next is issued, each slot released as soon as the wgmma
     that read it is done; ``my_turn`` passes to the other consumer (NC = 2) once the
     last slot is taken; then the tile leaves through ``c_buf`` (a TMA store when it lies
-    inside its expert, masked stores when it straddles the expert's end). CW: the
-    consumer's warps."""
+    inside its expert, masked stores when it straddles the expert's end; with DIRECT,
+    masked stores straight from the accumulator's registers). CW: the consumer's warps."""
     ready, empty, a_bufs, w_bufs = ring[2], ring[3], ring[4], ring[5]
     out_ptr = outs[0]
-    BM: gl.constexpr = c_buf.type.shape[0]
+    BM: gl.constexpr = ring[4].type.shape[1]
     # Below a warp group's 64 rows the tile runs transposed: W's BN rows on wgmma's M,
     # the tile's rows on its N (8 to 32), so a short tail pads to 8 rows, not 64.
     SWAP: gl.constexpr = BM_T < 64
@@ -164,16 +165,27 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
         mbarrier.arrive(my_turn)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
-    # This consumer's previous TMA store may still be reading its staging buffer.
-    tma.store_wait(0)
-    stage = c_buf
-    if BM_T < BM:
-        stage = c_buf.slice(0, BM_T)
-    if SWAP:
-        stage.store(gl.permute(acc.to(out_ptr.dtype.element_ty), (1, 0)))
+    if DIRECT:
+        # Each thread's own fragment of the tile, masked to the expert's rows.
+        vals = acc.to(out_ptr.dtype.element_ty)
+        if SWAP:
+            vals = gl.permute(vals, (1, 0))
+        lay: gl.constexpr = vals.type.layout
+        rows = m0 + gl.arange(0, BM_T, layout=gl.SliceLayout(1, lay))
+        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, lay))
+        ptrs = outs[0] + rows.to(gl.int64)[:, None] * outs[1] + cols[None, :]
+        gl.store(ptrs, vals, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
     else:
-        stage.store(acc.to(out_ptr.dtype.element_ty))
-    _store_tile(stage, outs, m0, row_end, n0, N, BM_T, BM, BN, TMA_STORE, CW)
+        # This consumer's previous TMA store may still be reading its staging buffer.
+        tma.store_wait(0)
+        stage = c_buf
+        if BM_T < BM:
+            stage = c_buf.slice(0, BM_T)
+        if SWAP:
+            stage.store(gl.permute(acc.to(out_ptr.dtype.element_ty), (1, 0)))
+        else:
+            stage.store(acc.to(out_ptr.dtype.element_ty))
+        _store_tile(stage, outs, m0, row_end, n0, N, BM_T, BM, BN, TMA_STORE, CW)
 
 
 @gluon.jit
@@ -181,7 +193,7 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
               BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
               TMA_STORE: gl.constexpr, DYNAMIC: gl.constexpr, NC: gl.constexpr,
-              CW: gl.constexpr):
+              CW: gl.constexpr, DIRECT: gl.constexpr):
     """Consumer ``cid`` of NC: this program's tiles number cid, cid + NC, ... (their
     ids at a fixed stride, or from the producer with DYNAMIC). With two, its i-th tile
     starts once the other consumer has taken its tile before (consumer 0's first waits
@@ -207,7 +219,7 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
                 if h == f:
                     _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0,
                                         row_end, pid_n * BN, N, BM >> f, BN, STAGES,
-                                        TMA_STORE, NC, CW)
+                                        TMA_STORE, NC, CW, DIRECT)
         i += 1
         if DYNAMIC:
             tile = _receive(handoff, cid, i, CW)
@@ -223,8 +235,8 @@ def grouped_gemm_gluon_ws_kernel(
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
     TMA_STORE: gl.constexpr,
-    DYNAMIC: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    DYNAMIC: gl.constexpr, DIRECT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
     module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
@@ -234,7 +246,8 @@ def grouped_gemm_gluon_ws_kernel(
     num_warps=4: two consumers of one warp group each on alternate tiles (the kernel's
     own warps and a worker partition), "ping-pong"; num_warps=8: one consumer of two
     warp groups splitting each tile ("cooperative"). The producer is a one-warp worker.
-    DYNAMIC: tiles from the table's counter as the producer frees up."""
+    DYNAMIC: tiles from the table's counter as the producer frees up. DIRECT: outputs
+    stored from registers, no staging tiles (their shared memory can go to the ring)."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
@@ -246,7 +259,11 @@ def grouped_gemm_gluon_ws_kernel(
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], out_desc.layout)
+    if DIRECT:
+        # Unused: the consumers store from registers.
+        c_bufs = gl.allocate_shared_memory(dtype, [NC, 8, BN], out_desc.layout)
+    else:
+        c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -273,16 +290,17 @@ def grouped_gemm_gluon_ws_kernel(
     if NC == 2:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4)),
+                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT)),
             (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4)),
+                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
                          TAIL_FINE, DYNAMIC, NC)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, num_warps)),
+                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, num_warps,
+                         DIRECT)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
                          TAIL_FINE, DYNAMIC, NC)),
         ], [1], [PRODUCER_REGS])

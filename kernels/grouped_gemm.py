@@ -719,6 +719,7 @@ class GroupedGemm(Launches, Kernel):
         "GLUON": 0,
         "SWAP_AB": 0,
         "TAIL_FINE": 0,
+        "DIRECT_STORE": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -938,7 +939,8 @@ class GroupedGemm(Launches, Kernel):
             "STAGES": int(cfg["num_stages"]), "GROUP_M": int(cfg["GROUP_M"]),
             "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TAIL_FINE": int(cfg["TAIL_FINE"]),
             "TMA_STORE": bool(int(cfg["TMA_STORE"])),
-            "DYNAMIC": int(cfg["GLUON"]) == 4, "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
+            "DYNAMIC": int(cfg["GLUON"]) == 4, "DIRECT": bool(int(cfg["DIRECT_STORE"])),
+            "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
             "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS, "num_warps": int(cfg["num_warps"]),
         }
         return Launch(_gluon_ws.grouped_gemm_gluon_ws_kernel, (num_progs,), args, meta)
@@ -1126,6 +1128,8 @@ class GroupedGemm(Launches, Kernel):
         # Only the table orders blocks, and only split tails give it smaller ones to order.
         if window and not (split and int(cfg["BLOCK_TABLE"])):
             return "TAIL_WINDOW > 0 needs BLOCK_TABLE=1 and TAIL_SPLIT >= 1"
+        if int(cfg["DIRECT_STORE"]) and (int(cfg["GLUON"]) < 3 or tma_store):
+            return "DIRECT_STORE=1 needs GLUON=3 or 4 and TMA_STORE=0"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:
@@ -1148,8 +1152,10 @@ class GroupedGemm(Launches, Kernel):
         # TMA store stages the tile in a buffer of its own: then both are live at once.
         # So does the Gluon kernel's staging tile, which every store goes through.
         staged = flatten or tma_store or int(cfg["GLUON"])
-        # GLUON=3 / 4's two consumers (num_warps=4) each stage their own tile.
+        # GLUON=3 / 4's two consumers (num_warps=4) each stage their own tile, unless
+        # they store from registers.
         epilogue *= 2 if int(cfg["GLUON"]) >= 3 and warps == 4 else 1
+        epilogue *= 0 if int(cfg["DIRECT_STORE"]) else 1
         smem = pipeline + epilogue if staged else max(pipeline, epilogue)
         if smem > device.smem_per_block:
             return f"shared memory ~{smem} B > {device.smem_per_block} B per block"

@@ -91,6 +91,11 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         # Quarter tiles need the block table (tested below).
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
         config.update(BLOCK_TABLE=1)
+    if name == "DIRECT_STORE" and value:
+        # An epilogue of the warp-specialized Gluon engine only (compiled and run in
+        # tests/test_grouped_gemm_gluon.py).
+        assert "GLUON=3 or 4" in KERNEL.check_config(config, shape, H100)
+        return
     if name == "GLUON" and value:
         # The Gluon engine needs Hopper's wgmma: pruned here and on the interpreter; its
         # own tests compile it for sm_90 and run it on the GPU.

@@ -67,6 +67,11 @@ CONFIGS = [
      "GROUP_M": 4, "TAIL_SPLIT": 2, "TAIL_FINE": 1},
     {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4,
      "num_stages": 6, "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
+    # Outputs stored from registers: no staging tiles, so more stages fit.
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 6,
+     "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "DIRECT_STORE": 1},
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 4,
+     "GROUP_M": 1, "TAIL_SPLIT": 1, "DIRECT_STORE": 1},
     # One consumer of two warp groups splitting each tile (cooperative), and its quarters.
     {**BASE, "GLUON": 3, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
      "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
@@ -122,6 +127,13 @@ def test_pruning_warp_specialized() -> None:
     assert KERNEL.check_config(fine, MOE, H100) is None
     assert "8 rows" in KERNEL.check_config({**fine, "BLOCK_M": 64}, MOE, H100)
     assert "multiple of 64" in KERNEL.check_config({**cfg, "BLOCK_N": 32}, MOE, H100)
+    # Outputs from registers: no staging tiles, 6 stages of 32 KB fit; not with TMA
+    # stores or off the warp-specialized engine.
+    direct = {**cfg, "DIRECT_STORE": 1, "TMA_STORE": 0, "num_stages": 6}
+    assert KERNEL.check_config(direct, MOE, H100) is None
+    assert "shared memory" in KERNEL.check_config({**direct, "DIRECT_STORE": 0}, MOE, H100)
+    assert "TMA_STORE=0" in KERNEL.check_config({**direct, "TMA_STORE": 1}, MOE, H100)
+    assert "GLUON=3 or 4" in KERNEL.check_config({**CONFIGS[0], "DIRECT_STORE": 1}, MOE, H100)
     # One consumer of two warp groups: every tile >= 64 rows, no fine pieces.
     assert "64 rows" in KERNEL.check_config({**fine, "num_warps": 8}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)

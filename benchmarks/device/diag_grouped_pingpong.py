@@ -8,14 +8,15 @@ Session 18 (Nsight Compute) found the full tiles' remaining gap to cuBLAS in the
 pipe's idle time around tile boundaries: this kernel overlaps one consumer's store with
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
-    python3 benchmarks/device/diag_grouped_pingpong.py [--study main|sweep|grid|window|coop|fine] \
-        [--rounds 5] [--rep 100] [--json F]
+    python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
+        [--study main|sweep|grid|window|coop|fine|direct]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
 their combinations on both realistic routings. Study ``window``: the tails dealt out
 last (``window_configs``). Study ``coop``: one consumer of two warp groups
 (``coop_configs``). Study ``fine``: tails below 64 rows transposed (``fine_configs``).
+Study ``direct``: outputs stored from registers (``direct_configs``).
 """
 
 from __future__ import annotations
@@ -102,6 +103,22 @@ def fine_configs() -> dict[str, dict]:
     return out
 
 
+def direct_configs() -> dict[str, dict]:
+    """Study ``direct``: outputs stored straight from the accumulators' registers
+    (DIRECT_STORE), so the staging tiles' shared memory goes to the ring: ping-pong with
+    6-7 stages, and the cooperative split with cuBLAS's 128x256 tile and 4 stages (call
+    12: cuBLAS's bmm streams 24 KB a K step per 128x128 of output, ping-pong 32 KB)."""
+    coop = pingpong(num_warps=8, BLOCK_N=256, num_stages=4, TMA_STORE=0, DIRECT_STORE=1)
+    return {"ping-pong s5": pingpong(num_stages=5),
+            "this GPU's pack (ping-pong s4, staged masked stores)": pingpong(TMA_STORE=0),
+            "ping-pong s6 direct": pingpong(num_stages=6, TMA_STORE=0, DIRECT_STORE=1),
+            "ping-pong s7 direct": pingpong(num_stages=7, TMA_STORE=0, DIRECT_STORE=1),
+            "coop 128x256 s4 direct": coop,
+            "coop 256x128 s4 direct": {**coop, "BLOCK_M": 256, "BLOCK_N": 128,
+                                       "TAIL_SPLIT": 2},
+            "ping-pong s5 (again)": pingpong(num_stages=5)}
+
+
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
     (ping-pong s5 twice: the run's noise floor)."""
@@ -123,6 +140,8 @@ def main() -> None:
         problems = {"log-normal": problems["log-normal"]}
     elif args.study == "coop":
         cfgs = coop_configs()
+    elif args.study == "direct":
+        cfgs = direct_configs()
     elif args.study in ("grid", "window", "fine"):
         cfgs = {"grid": grid_configs, "window": window_configs,
                 "fine": fine_configs}[args.study]()
