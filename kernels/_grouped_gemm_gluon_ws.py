@@ -56,8 +56,8 @@ __all__ = ["CONSUMER_REGS", "PRODUCER_REGS", "WS_API", "grouped_gemm_gluon_ws_ke
 # its addresses. The split cuBLAS and CUTLASS use on Hopper (40 / 232).
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
-# gl.warp_specialize took (default_args, default_fn, worker_args, ...) before Triton 3.6 and
-# a list of (function, args) pairs since: only the list form is written here.
+# Older Gluon's gl.warp_specialize took (default_args, default_fn, worker_args, ...); 3.6
+# and 3.9 (checked) take a list of (function, args) pairs: only that form is written here.
 WS_API = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
 
 
