@@ -130,19 +130,22 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
 def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, n0, N,
                         BM_T: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                         TMA_STORE: gl.constexpr, NC: gl.constexpr, CW: gl.constexpr,
-                        DIRECT: gl.constexpr):
+                        DIRECT: gl.constexpr, SWAP_AB: gl.constexpr):
     """One BM_T x BN tile whose K steps sit at ring positions ``base ...``: each wgmma
     left in flight while the next is issued, each slot released as soon as the wgmma
     that read it is done; ``my_turn`` passes to the other consumer (NC = 2) once the
     last slot is taken; then the tile leaves through ``c_buf`` (a TMA store when it lies
     inside its expert, masked stores when it straddles the expert's end; with DIRECT,
-    masked stores straight from the accumulator's registers). CW: the consumer's warps."""
+    masked stores straight from the accumulator's registers). CW: the consumer's warps.
+    SWAP_AB: every tile transposed, not only those below 64 rows."""
     ready, empty, a_bufs, w_bufs = ring[2], ring[3], ring[4], ring[5]
     out_ptr = outs[0]
     BM: gl.constexpr = ring[4].type.shape[1]
     # Below a warp group's 64 rows the tile runs transposed: W's BN rows on wgmma's M,
-    # the tile's rows on its N (8 to 32), so a short tail pads to 8 rows, not 64.
-    SWAP: gl.constexpr = BM_T < 64
+    # the tile's rows on its N (8 to 32), so a short tail pads to 8 rows, not 64. With
+    # SWAP_AB every tile does, the form of cuBLAS's batched GEMM here (session 19's ncu:
+    # "..._coopA_TNN", W's rows on M, 256 routed rows on N, an n256 wgmma a warp group).
+    SWAP: gl.constexpr = (BM_T < 64) or SWAP_AB
     if SWAP:
         acc = gl.zeros([BN, BM_T], gl.float32, _mma_layout(BN, BM_T, CW))
     else:
@@ -193,7 +196,7 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
               BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
               TMA_STORE: gl.constexpr, DYNAMIC: gl.constexpr, NC: gl.constexpr,
-              CW: gl.constexpr, DIRECT: gl.constexpr):
+              CW: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr):
     """Consumer ``cid`` of NC: this program's tiles number cid, cid + NC, ... (their
     ids at a fixed stride, or from the producer with DYNAMIC). With two, its i-th tile
     starts once the other consumer has taken its tile before (consumer 0's first waits
@@ -219,7 +222,7 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
                 if h == f:
                     _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0,
                                         row_end, pid_n * BN, N, BM >> f, BN, STAGES,
-                                        TMA_STORE, NC, CW, DIRECT)
+                                        TMA_STORE, NC, CW, DIRECT, SWAP_AB)
         i += 1
         if DYNAMIC:
             tile = _receive(handoff, cid, i, CW)
@@ -235,7 +238,8 @@ def grouped_gemm_gluon_ws_kernel(
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
     TMA_STORE: gl.constexpr,
-    DYNAMIC: gl.constexpr, DIRECT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    DYNAMIC: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
@@ -247,7 +251,8 @@ def grouped_gemm_gluon_ws_kernel(
     own warps and a worker partition), "ping-pong"; num_warps=8: one consumer of two
     warp groups splitting each tile ("cooperative"). The producer is a one-warp worker.
     DYNAMIC: tiles from the table's counter as the producer frees up. DIRECT: outputs
-    stored from registers, no staging tiles (their shared memory can go to the ring)."""
+    stored from registers, no staging tiles (their shared memory can go to the ring).
+    SWAP_AB: every tile computed transposed (W's rows on wgmma's M side)."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
@@ -290,9 +295,11 @@ def grouped_gemm_gluon_ws_kernel(
     if NC == 2:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT)),
+                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,
+                         SWAP_AB)),
             (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
-                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT)),
+                         GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,
+                         SWAP_AB)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
                          TAIL_FINE, DYNAMIC, NC)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -300,7 +307,7 @@ def grouped_gemm_gluon_ws_kernel(
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, num_warps,
-                         DIRECT)),
+                         DIRECT, SWAP_AB)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
                          TAIL_FINE, DYNAMIC, NC)),
         ], [1], [PRODUCER_REGS])

@@ -940,6 +940,7 @@ class GroupedGemm(Launches, Kernel):
             "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TAIL_FINE": int(cfg["TAIL_FINE"]),
             "TMA_STORE": bool(int(cfg["TMA_STORE"])),
             "DYNAMIC": int(cfg["GLUON"]) == 4, "DIRECT": bool(int(cfg["DIRECT_STORE"])),
+            "SWAP_AB": bool(int(cfg["SWAP_AB"])),
             "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
             "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS, "num_warps": int(cfg["num_warps"]),
         }
@@ -980,9 +981,9 @@ class GroupedGemm(Launches, Kernel):
     @staticmethod
     def _check_gluon_ws(cfg: Config) -> str | None:
         """GLUON=3 / 4's limits: num_warps=4, two consumers of one warp group each, each
-        holding a whole tile, tails below 64 rows run transposed (down to 8 rows, W's
-        BN rows on wgmma's M); num_warps=8, one consumer of two warp groups, every tile
-        >= 64 rows (a warp group's wgmma)."""
+        holding a whole tile; num_warps=8, one consumer of two warp groups. Tiles of >= 64
+        rows run as they are, tails below 64 rows (and every tile with SWAP_AB) transposed:
+        W's BN rows on wgmma's M (16 a warp), the tile's rows on its N (>= 8)."""
         ws = f"GLUON={cfg['GLUON']}"
         if _gluon_ws is None:
             return f"{ws}: Triton {triton.__version__} cannot load it ({_GLUON_WS_MISSING})"
@@ -995,14 +996,17 @@ class GroupedGemm(Launches, Kernel):
                     "(one of two)")
         if int(cfg["num_stages"]) < 2:
             return f"{ws}: the ring needs num_stages >= 2"
-        fine = int(cfg["TAIL_FINE"])
-        if warps == 8 and (bm >> split < 64 or fine):
-            return (f"{ws}: BLOCK_M={bm}, TAIL_SPLIT={split}, TAIL_FINE={fine}, num_warps=8: "
-                    "a tile below 64 rows (a warp group's wgmma)")
-        if warps == 4 and (bm < 64 or bm >> (split + fine) < 8 or bn % 64):
-            return (f"{ws}: BLOCK_M={bm}, BLOCK_N={bn}, TAIL_SPLIT={split}, TAIL_FINE={fine}: "
-                    "full tiles of >= 64 rows, transposed tails of >= 8 rows on BLOCK_N a "
-                    "multiple of 64 (a warp group's wgmma)")
+        fine, swap = int(cfg["TAIL_FINE"]), int(cfg["SWAP_AB"])
+        smallest = bm >> (split + fine)
+        if (bm < 64 and not swap) or smallest < 8:
+            return (f"{ws}: BLOCK_M={bm}, TAIL_SPLIT={split}, TAIL_FINE={fine}, SWAP_AB={swap}: "
+                    "full tiles of >= 64 rows (a warp group's wgmma) unless transposed, "
+                    "every tile >= 8 rows")
+        rows_on_m = 16 * warps
+        if bn % 64 or ((swap or smallest < 64) and bn % rows_on_m):
+            return (f"{ws}: BLOCK_N={bn}, num_warps={warps}: a multiple of 64, and of "
+                    f"{rows_on_m} where a tile runs transposed (W's rows on wgmma's M, 16 a "
+                    "warp)")
         per_thread = bm * bn // (32 * warps)
         if per_thread > _gluon_ws.CONSUMER_REGS - 64:
             return (f"{ws}: a {bm}x{bn} accumulator is {per_thread} registers a thread, "
@@ -1083,8 +1087,10 @@ class GroupedGemm(Launches, Kernel):
             return "FLATTEN=1 needs USE_TMA=1 and PERSISTENT=1"
         if tma_store and not int(cfg.get("USE_TMA", 0)):
             return "TMA_STORE=1 needs USE_TMA=1"
-        if int(cfg["SWAP_AB"]) and (not int(cfg.get("USE_TMA", 0)) or int(cfg["GLUON"])):
-            return "SWAP_AB=1 needs USE_TMA=1 and GLUON=0 (the Triton TMA kernel)"
+        if int(cfg["SWAP_AB"]) and (not int(cfg.get("USE_TMA", 0))
+                                    or int(cfg["GLUON"]) in (1, 2)):
+            return ("SWAP_AB=1 needs USE_TMA=1 with GLUON=0 (the Triton TMA kernel) or 3 / 4 "
+                    "(the warp-specialized one)")
         if flatten and tma_store and _FLATTEN_STORE_BROKEN and not device.interpreted:
             return (f"FLATTEN=1 with TMA_STORE=1: Triton {triton.__version__} cannot fuse the "
                     "loops around the conditional store")

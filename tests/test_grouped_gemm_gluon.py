@@ -77,6 +77,14 @@ CONFIGS = [
      "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
     {**BASE, "GLUON": 4, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8,
      "num_stages": 6, "GROUP_M": 4, "TAIL_SPLIT": 1},
+    # Every tile transposed (SWAP_AB, cuBLAS's form here): cooperative 256-row tiles down
+    # to 16-row tails, and ping-pong 128-row tiles.
+    {**BASE, "GLUON": 3, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
+     "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1},
+    {**BASE, "GLUON": 4, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4,
+     "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 1, "DIRECT_STORE": 1, "SWAP_AB": 1},
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
+     "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1},
 ]  # fmt: skip
 WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] >= 3]
 
@@ -134,8 +142,19 @@ def test_pruning_warp_specialized() -> None:
     assert "shared memory" in KERNEL.check_config({**direct, "DIRECT_STORE": 0}, MOE, H100)
     assert "TMA_STORE=0" in KERNEL.check_config({**direct, "TMA_STORE": 1}, MOE, H100)
     assert "GLUON=3 or 4" in KERNEL.check_config({**CONFIGS[0], "DIRECT_STORE": 1}, MOE, H100)
-    # One consumer of two warp groups: every tile >= 64 rows, no fine pieces.
-    assert "64 rows" in KERNEL.check_config({**fine, "num_warps": 8}, MOE, H100)
+    # One consumer of two warp groups: transposed tails put BLOCK_N on two warp groups'
+    # wgmma M, so a multiple of 128.
+    assert KERNEL.check_config({**fine, "num_warps": 8}, MOE, H100) is None
+    assert "of 128" in KERNEL.check_config({**fine, "num_warps": 8, "BLOCK_N": 64}, MOE, H100)
+    # SWAP_AB: every tile transposed, then full tiles below 64 rows are fine too; not on
+    # the single-consumer engine.
+    swap = {**coop, "SWAP_AB": 1, "TAIL_FINE": 2}
+    assert KERNEL.check_config(swap, MOE, H100) is None
+    assert "8 rows" in KERNEL.check_config({**swap, "BLOCK_M": 64}, MOE, H100)
+    assert "64 rows" in KERNEL.check_config({**cfg, "BLOCK_M": 32, "TAIL_SPLIT": 0}, MOE, H100)
+    assert KERNEL.check_config({**cfg, "BLOCK_M": 32, "TAIL_SPLIT": 0, "SWAP_AB": 1}, MOE,
+                               H100) is None
+    assert "SWAP_AB=1 needs" in KERNEL.check_config({**CONFIGS[0], "SWAP_AB": 1}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 2},
                                                        MOE, H100)
@@ -222,6 +241,12 @@ def test_compiles_for_sm90_without_a_gpu(i: int, compiled_sm90: list[dict]) -> N
         # Tails below 64 rows transposed: their rows on wgmma's N, down to the piece.
         rows = config["BLOCK_M"] >> (2 + config.get("TAIL_FINE", 0))
         assert f"m64n{rows}k16" in got["wgmma"] and f"m64n{config['BLOCK_N']}k16" in got["wgmma"]
+    if config.get("SWAP_AB"):
+        # Every tile transposed: each height's rows on wgmma's N, the full tile's too
+        # (n256 for cooperative 256-row tiles, as cuBLAS's kernel here).
+        heights = config["TAIL_SPLIT"] + config.get("TAIL_FINE", 0)
+        want = {f"m64n{config['BLOCK_M'] >> h}k16" for h in range(heights + 1)}
+        assert set(got["wgmma"]) == want
     if i in WS:
         # Three warp groups (two consumers or one of two, and the producer warp); the
         # producer gives its registers to the consumers.

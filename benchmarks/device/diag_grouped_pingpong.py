@@ -9,14 +9,15 @@ pipe's idle time around tile boundaries: this kernel overlaps one consumer's sto
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
     python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
-        [--study main|sweep|grid|window|coop|fine|direct]
+        [--study main|sweep|grid|window|coop|fine|direct|swap]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
 their combinations on both realistic routings. Study ``window``: the tails dealt out
 last (``window_configs``). Study ``coop``: one consumer of two warp groups
 (``coop_configs``). Study ``fine``: tails below 64 rows transposed (``fine_configs``).
-Study ``direct``: outputs stored from registers (``direct_configs``).
+Study ``direct``: outputs stored from registers (``direct_configs``). Study ``swap``:
+every tile transposed (``swap_configs``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,25 @@ def direct_configs() -> dict[str, dict]:
             "ping-pong s5 (again)": pingpong(num_stages=5)}
 
 
+def swap_configs() -> dict[str, dict]:
+    """Study ``swap``: every tile transposed (SWAP_AB), W's rows on wgmma's M and the
+    routed rows on its N: the form of cuBLAS's batched GEMM here (session 19 call 12,
+    nvjet_sm90_tst_128x256_64x4_1x1_h_bz_coopA_TNN: 128 of W's rows by 256 routed rows,
+    split between two warp groups, 4 stages of 64). Cooperative 256-row tiles, their
+    tails transposed down to 16 rows, with staged TMA stores (3 stages fit) or register
+    stores (4 stages); ping-pong transposed."""
+    coop = pingpong(num_warps=8, BLOCK_M=256, num_stages=3, TAIL_SPLIT=2, SWAP_AB=1)
+    return {"ping-pong s5": pingpong(num_stages=5),
+            "ping-pong s5 SWAP_AB": pingpong(num_stages=5, SWAP_AB=1),
+            "coop 256x128 s3 SWAP_AB": coop,
+            "coop 256x128 s3 SWAP_AB TAIL_FINE=2": {**coop, "TAIL_FINE": 2},
+            "coop 256x128 s4 SWAP_AB direct TAIL_FINE=2": {
+                **coop, "num_stages": 4, "TMA_STORE": 0, "DIRECT_STORE": 1, "TAIL_FINE": 2},
+            "coop 256x128 BK32 s6 SWAP_AB TAIL_FINE=2": {**coop, "BLOCK_K": 32,
+                                                         "num_stages": 6, "TAIL_FINE": 2},
+            "ping-pong s5 (again)": pingpong(num_stages=5)}
+
+
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
     (ping-pong s5 twice: the run's noise floor)."""
@@ -142,6 +162,8 @@ def main() -> None:
         cfgs = coop_configs()
     elif args.study == "direct":
         cfgs = direct_configs()
+    elif args.study == "swap":
+        cfgs = swap_configs()
     elif args.study in ("grid", "window", "fine"):
         cfgs = {"grid": grid_configs, "window": window_configs,
                 "fine": fine_configs}[args.study]()
