@@ -99,6 +99,7 @@ def _block_table_kernel(
     first; a remainder that needs every piece is one full block instead. The padding is
     then under BLOCK_M >> TAIL_SPLIT rows per expert. With TAIL_FINE = f, an expert's
     smallest piece shrinks to BLOCK_M >> (TAIL_SPLIT + 1) or ... >> (TAIL_SPLIT + f) rows
+    (with TAIL_SPLIT=1, its only piece: one W stream per tail, of the least height)
     where its real rows fit (classes TAIL_SPLIT + 1 ...; it keeps its place in the
     order): the padding is then under BLOCK_M >> (TAIL_SPLIT + f) rows, with no more
     pieces than before.
@@ -1122,12 +1123,19 @@ class GroupedGemm(Launches, Kernel):
             # Triton kernel.
             if fine not in (1, 2):
                 return f"TAIL_FINE={fine}: 0, 1 (eighths) or 2 (eighths and sixteenths)"
-            if split != 2 or not int(cfg.get("USE_TMA", 0)) or int(cfg["GLUON"]) in (1, 2):
-                return "TAIL_FINE needs TAIL_SPLIT=2, USE_TMA=1 and GLUON=0, 3 or 4"
+            # The warp-specialized engine runs any class the table makes; the Triton
+            # kernel's fine classes are a quarter piece's (TAIL_SPLIT=2). With TAIL_SPLIT=1
+            # an expert's one tail piece shrinks from half a block to the smallest class
+            # that holds its rows.
+            ws = int(cfg["GLUON"]) in (3, 4)
+            if split not in ((1, 2) if ws else (2,)) or not int(cfg.get("USE_TMA", 0)) \
+                    or int(cfg["GLUON"]) in (1, 2):
+                return ("TAIL_FINE needs USE_TMA=1 and TAIL_SPLIT=2 with GLUON=0, or "
+                        "TAIL_SPLIT=1 or 2 with GLUON=3 or 4")
             # tl.dot's 16; the warp-specialized Gluon engine's wgmma N goes down to 8.
-            least = 8 if int(cfg["GLUON"]) else 16
-            if bm >> (2 + fine) < least:
-                return f"TAIL_FINE={fine}: BLOCK_M={bm} >> {2 + fine} is below {least}"
+            least = 8 if ws else 16
+            if bm >> (split + fine) < least:
+                return f"TAIL_FINE={fine}: BLOCK_M={bm} >> {split + fine} is below {least}"
         window = int(cfg["TAIL_WINDOW"])
         if window < 0:
             return f"TAIL_WINDOW={window}: must be >= 0"

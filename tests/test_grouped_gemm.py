@@ -385,6 +385,12 @@ def test_tail_fine_pruning() -> None:
     fine = {"USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "BLOCK_M": 256, "TAIL_FINE": 2}
     assert KERNEL.check_config(fine, seed, H100) is None
     assert "TAIL_SPLIT=2" in KERNEL.check_config({**fine, "TAIL_SPLIT": 1}, seed, H100)
+    # The warp-specialized Gluon engine also shrinks a half-block tail (TAIL_SPLIT=1).
+    ws = {**fine, "GLUON": 3, "PERSISTENT": 1, "num_warps": 4, "BLOCK_M": 128, "BLOCK_N": 128}
+    hopper = dataclasses.replace(H100, has_wgmma=True)
+    if grouped_gemm._gluon_ws is not None:
+        assert KERNEL.check_config({**ws, "TAIL_SPLIT": 1}, seed, hopper) is None
+    assert "TAIL_SPLIT=1 or 2" in KERNEL.check_config({**ws, "TAIL_SPLIT": 0}, seed, hopper)
     assert "USE_TMA" in KERNEL.check_config({**fine, "USE_TMA": 0}, seed, H100)
     assert "below 16" in KERNEL.check_config({**fine, "BLOCK_M": 128}, seed, H100)
     assert KERNEL.check_config({**fine, "BLOCK_M": 128, "TAIL_FINE": 1}, seed, H100) is None
@@ -514,7 +520,7 @@ def _table_reference(counts: list[int], bm: int, split: int, window: int = 0,
 
 @pytest.mark.parametrize("split,window,fine", [
     (0, 0, 0), (1, 0, 0), (2, 0, 0), (1, 5, 0), (2, 6, 0), (2, 14, 0), (2, 40, 0),
-    (2, 0, 1), (2, 0, 2), (2, 6, 2)])
+    (2, 0, 1), (2, 0, 2), (2, 6, 2), (1, 0, 1), (1, 0, 2), (1, 5, 2)])
 def test_block_table_contents(split: int, window: int, fine: int) -> None:
     """The table kernel's blocks against a plain-Python decomposition: full blocks, then
     the remainder as halves/quarters (largest first), one full block when it needs all of
@@ -553,7 +559,7 @@ def test_block_table_contents(split: int, window: int, fine: int) -> None:
     if fine:
         # Fine pieces occur, pad less, and add no piece.
         coarse = _table_reference(counts, bm, split, window)
-        assert {bm >> (2 + f) for f in range(1, fine + 1)} <= {h for _, _, h in want}
+        assert {bm >> (split + f) for f in range(1, fine + 1)} <= {h for _, _, h in want}
         assert rows < sum(h for _, _, h in coarse) and len(want) == len(coarse)
 
 

@@ -85,6 +85,12 @@ CONFIGS = [
      "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 1, "DIRECT_STORE": 1, "SWAP_AB": 1},
     {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
      "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1},
+    # An expert's one tail piece at the least height that holds it (TAIL_SPLIT=1 with
+    # TAIL_FINE): 128 rows down to 32, or 64 down to 16.
+    {**BASE, "GLUON": 4, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
+     "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1},
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
+     "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1},
 ]  # fmt: skip
 WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] >= 3]
 

@@ -9,7 +9,7 @@ pipe's idle time around tile boundaries: this kernel overlaps one consumer's sto
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
     python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
-        [--study main|sweep|grid|window|coop|fine|direct|swap]
+        [--study main|sweep|grid|window|coop|fine|direct|swap|tails]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
@@ -17,7 +17,8 @@ their combinations on both realistic routings. Study ``window``: the tails dealt
 last (``window_configs``). Study ``coop``: one consumer of two warp groups
 (``coop_configs``). Study ``fine``: tails below 64 rows transposed (``fine_configs``).
 Study ``direct``: outputs stored from registers (``direct_configs``). Study ``swap``:
-every tile transposed (``swap_configs``).
+every tile transposed (``swap_configs``). Study ``tails``: transposed tiles with each
+expert's tail in one piece (``tail_configs``).
 """
 
 from __future__ import annotations
@@ -139,6 +140,29 @@ def swap_configs() -> dict[str, dict]:
             "ping-pong s5 (again)": pingpong(num_stages=5)}
 
 
+def tail_configs() -> dict[str, dict]:
+    """Study ``tails``: every tile transposed, each expert's tail in one piece of the
+    least height that holds it (TAIL_SPLIT=1 with TAIL_FINE=2: a tail of r rows streams
+    W[e] once, where TAIL_SPLIT=2 runs up to two pieces), ping-pong and cooperative, the
+    latter with its tiles also from the counter (session 19 call 6: 2-4 points on the
+    realistic routings). Call 1 of session 20 (``swap``): the cooperative 256-row kernel
+    transposed at 96.2 % on the balanced routing, 83-85 % on the realistic ones."""
+    coop = pingpong(num_warps=8, BLOCK_M=256, num_stages=3, TAIL_SPLIT=1, SWAP_AB=1)
+    swap = pingpong(num_stages=5, SWAP_AB=1)
+    return {"ping-pong s5": pingpong(num_stages=5),
+            "ping-pong s5 SWAP_AB": swap,
+            "ping-pong s5 SWAP_AB one tail": {**swap, "TAIL_FINE": 2},
+            "ping-pong s5 SWAP_AB TAIL_SPLIT=2 TAIL_FINE=2": {**swap, "TAIL_SPLIT": 2,
+                                                               "TAIL_FINE": 2},
+            "ping-pong s4 SWAP_AB TMA_STORE=0": {**swap, "num_stages": 4, "TMA_STORE": 0},
+            "coop 256x128 s3 SWAP_AB one tail": {**coop, "TAIL_FINE": 2},
+            "coop 256x128 s3 SWAP_AB one tail, counter": {**coop, "TAIL_FINE": 2, "GLUON": 4},
+            "coop 256x128 s3 SWAP_AB TAIL_SPLIT=1, counter": {**coop, "GLUON": 4},
+            "coop 256x128 s3 SWAP_AB TAIL_SPLIT=0, counter": {**coop, "GLUON": 4,
+                                                               "TAIL_SPLIT": 0},
+            "ping-pong s5 SWAP_AB (again)": swap}
+
+
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
     (ping-pong s5 twice: the run's noise floor)."""
@@ -164,6 +188,8 @@ def main() -> None:
         cfgs = direct_configs()
     elif args.study == "swap":
         cfgs = swap_configs()
+    elif args.study == "tails":
+        cfgs = tail_configs()
     elif args.study in ("grid", "window", "fine"):
         cfgs = {"grid": grid_configs, "window": window_configs,
                 "fine": fine_configs}[args.study]()
