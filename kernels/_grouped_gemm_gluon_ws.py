@@ -87,13 +87,14 @@ def _receive(handoff, cid: gl.constexpr, i, CW: gl.constexpr):
 def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
               TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr, DYNAMIC: gl.constexpr,
-              NC: gl.constexpr):
+              NC: gl.constexpr, TALL: gl.constexpr, TALL_CLASS: gl.constexpr):
     """TMA loads of every K step of this program's tiles into the ring, in tile order;
     a slot is refilled once its consumer's wgmma has released it. With DYNAMIC the tiles
     come from the table's counter (the first is the program's id), and each id goes to
-    its consumer through ``handoff``; past the last, each consumer gets an id >= total."""
+    its consumer through ``handoff``; past the last, each consumer gets an id >= total.
+    A tall tile's slot takes a block of A and the half block after it."""
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
-    a_boxes, w_desc, ready, empty, a_bufs, w_bufs = ring
+    a_boxes, w_desc, ready, empty, a_bufs, w_bufs, a2_bufs = ring
     p = 0
     j = 0
     tile = pid
@@ -117,6 +118,12 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
                                         + w_desc.block_type.nbytes)
                         _tma_load(a_boxes[f], [m0, kk * BK], bar,
                                   a_bufs.index(s).slice(0, BM >> f))
+            if TALL:
+                if h == TALL_CLASS:
+                    mbarrier.expect(bar, a_boxes[0].block_type.nbytes
+                                    + a_boxes[1].block_type.nbytes + w_desc.block_type.nbytes)
+                    _tma_load(a_boxes[0], [m0, kk * BK], bar, a_bufs.index(s))
+                    _tma_load(a_boxes[1], [m0 + BM, kk * BK], bar, a2_bufs.index(s))
             _tma_load(w_desc, [w_row, kk * BK], bar, w_bufs.index(s))
             p += 1
         tile = nxt
@@ -139,7 +146,6 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
     masked stores straight from the accumulator's registers). CW: the consumer's warps.
     SWAP_AB: every tile transposed, not only those below 64 rows."""
     ready, empty, a_bufs, w_bufs = ring[2], ring[3], ring[4], ring[5]
-    out_ptr = outs[0]
     BM: gl.constexpr = ring[4].type.shape[1]
     # Below a warp group's 64 rows the tile runs transposed: W's BN rows on wgmma's M,
     # the tile's rows on its N (8 to 32), so a short tail pads to 8 rows, not 64. With
@@ -168,6 +174,49 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
         mbarrier.arrive(my_turn)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
+    _epilogue(acc, SWAP, c_buf, outs, m0, row_end, n0, N, BM_T, BM, BN, TMA_STORE, CW, DIRECT)
+
+
+@gluon.jit
+def _tall_mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, n0,
+                             N, BN: gl.constexpr, STAGES: gl.constexpr,
+                             TMA_STORE: gl.constexpr, NC: gl.constexpr, CW: gl.constexpr,
+                             DIRECT: gl.constexpr):
+    """A tall tile (TALL_TILE): BM + BM/2 rows, transposed, in two accumulators (a
+    tensor's sides are powers of two), both fed by each slot's W box, so W streams once
+    per one and a half blocks; then the two parts leave as a full tile and a half one."""
+    ready, empty, a_bufs, w_bufs, a2_bufs = ring[2], ring[3], ring[4], ring[5], ring[6]
+    BM: gl.constexpr = a_bufs.type.shape[1]
+    BH: gl.constexpr = BM // 2
+    acc = gl.zeros([BN, BM], gl.float32, _mma_layout(BN, BM, CW))
+    acc2 = gl.zeros([BN, BH], gl.float32, _mma_layout(BN, BH, CW))
+    for kk in range(k_tiles):
+        q = base + kk
+        s = q % STAGES
+        mbarrier.wait(ready.index(s), (q // STAGES) & 1)
+        w = w_bufs.index(s)
+        acc = warpgroup_mma(w, a_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        acc2 = warpgroup_mma(w, a2_bufs.index(s).permute((1, 0)), acc2, is_async=True)
+        # This step's two wgmmas left in flight: the step before is done.
+        acc, acc2 = warpgroup_mma_wait(2, deps=(acc, acc2))
+        mbarrier.arrive(empty.index((q + STAGES - 1) % STAGES), pred=kk > 0)
+    if NC == 2:
+        mbarrier.arrive(my_turn)
+    acc, acc2 = warpgroup_mma_wait(0, deps=(acc, acc2))
+    mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
+    _epilogue(acc, True, c_buf, outs, m0, row_end, n0, N, BM, BM, BN, TMA_STORE, CW, DIRECT)
+    _epilogue(acc2, True, c_buf, outs, m0 + BM, row_end, n0, N, BH, BM, BN, TMA_STORE, CW,
+              DIRECT)
+
+
+@gluon.jit
+def _epilogue(acc, SWAP: gl.constexpr, c_buf, outs, m0, row_end, n0, N, BM_T: gl.constexpr,
+              BM: gl.constexpr, BN: gl.constexpr, TMA_STORE: gl.constexpr, CW: gl.constexpr,
+              DIRECT: gl.constexpr):
+    """A finished BM_T x BN accumulator (BN x BM_T with SWAP) to out at (m0, n0): through
+    the staging tile ``c_buf`` (see ``_store_tile``), or with DIRECT masked stores
+    straight from the registers."""
+    out_ptr = outs[0]
     if DIRECT:
         # Each thread's own fragment of the tile, masked to the expert's rows.
         vals = acc.to(out_ptr.dtype.element_ty)
@@ -196,7 +245,8 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
               BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
               TMA_STORE: gl.constexpr, DYNAMIC: gl.constexpr, NC: gl.constexpr,
-              CW: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr):
+              CW: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr,
+              TALL: gl.constexpr, TALL_CLASS: gl.constexpr):
     """Consumer ``cid`` of NC: this program's tiles number cid, cid + NC, ... (their
     ids at a fixed stride, or from the producer with DYNAMIC). With two, its i-th tile
     starts once the other consumer has taken its tile before (consumer 0's first waits
@@ -223,6 +273,11 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
                     _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0,
                                         row_end, pid_n * BN, N, BM >> f, BN, STAGES,
                                         TMA_STORE, NC, CW, DIRECT, SWAP_AB)
+        if TALL:
+            if h == TALL_CLASS:
+                _tall_mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0,
+                                         row_end, pid_n * BN, N, BN, STAGES, TMA_STORE, NC,
+                                         CW, DIRECT)
         i += 1
         if DYNAMIC:
             tile = _receive(handoff, cid, i, CW)
@@ -239,7 +294,7 @@ def grouped_gemm_gluon_ws_kernel(
     GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
     TMA_STORE: gl.constexpr,
     DYNAMIC: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    TALL: gl.constexpr, TALL_CLASS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
@@ -252,7 +307,8 @@ def grouped_gemm_gluon_ws_kernel(
     warp groups splitting each tile ("cooperative"). The producer is a one-warp worker.
     DYNAMIC: tiles from the table's counter as the producer frees up. DIRECT: outputs
     stored from registers, no staging tiles (their shared memory can go to the ring).
-    SWAP_AB: every tile computed transposed (W's rows on wgmma's M side)."""
+    SWAP_AB: every tile computed transposed (W's rows on wgmma's M side). TALL: the
+    table's class TALL_CLASS tiles are BM + BM/2 rows (ping-pong, transposed)."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
@@ -264,6 +320,12 @@ def grouped_gemm_gluon_ws_kernel(
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_desc.layout)
+    if TALL:
+        # A tall tile's half block after the full one, in every slot.
+        a2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM // 2, BK], a_desc.layout)
+    else:
+        # Unused.
+        a2_bufs = gl.allocate_shared_memory(dtype, [1, 8, BK], a_desc.layout)
     if DIRECT:
         # Unused: the consumers store from registers.
         c_bufs = gl.allocate_shared_memory(dtype, [NC, 8, BN], out_desc.layout)
@@ -288,7 +350,7 @@ def grouped_gemm_gluon_ws_kernel(
     handoff = (ids, id_ready, id_empty)
     # A's boxes by the table's height class h: BM >> h rows.
     a_boxes = (a_desc, a_half, a_quarter, a_eighth, a_sixteenth)
-    ring = (a_boxes, w_desc, ready, empty, a_bufs, w_bufs)
+    ring = (a_boxes, w_desc, ready, empty, a_bufs, w_bufs, a2_bufs)
     outs = (out_ptr, stride_om, out_desc, out_half, out_quarter)
     # The partitions' constexprs go in each argument tuple as written: a tuple built
     # beforehand carries them as runtime values.
@@ -296,20 +358,20 @@ def grouped_gemm_gluon_ws_kernel(
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,
-                         SWAP_AB)),
+                         SWAP_AB, TALL, TALL_CLASS)),
             (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,
-                         SWAP_AB)),
+                         SWAP_AB, TALL, TALL_CLASS)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                         TAIL_FINE, DYNAMIC, NC)),
+                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, num_warps,
-                         DIRECT, SWAP_AB)),
+                         DIRECT, SWAP_AB, TALL, TALL_CLASS)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                         TAIL_FINE, DYNAMIC, NC)),
+                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS)),
         ], [1], [PRODUCER_REGS])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))

@@ -66,6 +66,10 @@ _AMD_KWARGS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 # newer releases are let through, where a failure would fail only that trial.
 _FLATTEN_STORE_BROKEN = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
 
+# The block table's class of TALL_TILE's tiles (one and a half blocks): past the split
+# classes' 0-4 (a class h tile is otherwise BLOCK_M >> h rows).
+TALL_CLASS = tl.constexpr(5)
+
 # Programs of the persistent variant when there is no GPU to ask (the interpreter): small,
 # so that each program still loops over several tiles.
 _CPU_PROGRAMS = 4
@@ -86,6 +90,7 @@ def _block_table_kernel(
     offs_ptr, table_ptr, E, NB,
     E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TAIL_WINDOW: tl.constexpr, CHUNK: tl.constexpr, TAIL_FINE: tl.constexpr = 0,
+    TALL: tl.constexpr = 0,
 ):
     """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
     its expert (-1 past the real blocks), first row, the expert's end row and its height
@@ -110,22 +115,33 @@ def _block_table_kernel(
     points of dense cuBLAS (session 14), though a partly idle last wave costs nothing
     under the power cap; every expert in the window costs 4 points, as the small tiles
     then read their weights from HBM again: the window is a few experts, whose weights
-    are still in L2."""
+    are still in L2.
+
+    With TALL (the warp-specialized engine's TALL_TILE), an expert's rows first become
+    tiles of one and a half blocks (class TALL_CLASS), the last of them taking a remainder
+    of over one block; what is left (at most one block) is split as above."""
     e_idx, starts, ends = _expert_rows(offs_ptr, E, E_PAD)
     GRAIN: tl.constexpr = BLOCK_M >> TAIL_SPLIT
-    full = (ends - starts) // BLOCK_M
-    u = (ends - starts - full * BLOCK_M + GRAIN - 1) // GRAIN  # 0 .. 2**TAIL_SPLIT
+    STEP: tl.constexpr = BLOCK_M + (BLOCK_M >> 1) * TALL
+    n_tall = tl.zeros_like(starts)
+    base = starts  # where the blocks of one block and less start
+    if TALL:
+        n_tall = (ends - starts) // STEP
+        n_tall += (ends - starts - n_tall * STEP > BLOCK_M).to(tl.int32)
+        base = tl.minimum(starts + n_tall * STEP, ends)
+    full = (ends - base) // BLOCK_M
+    u = (ends - base - full * BLOCK_M + GRAIN - 1) // GRAIN  # 0 .. 2**TAIL_SPLIT
     whole = u == (1 << TAIL_SPLIT)
     pieces = tl.where(whole, 0, u)  # bit TAIL_SPLIT - c: a piece of class c
     n_full = full + whole.to(tl.int32)
-    nblk = n_full
+    nblk = n_tall + n_full
     for c in tl.static_range(1, TAIL_SPLIT + 1):
         nblk += (pieces >> (TAIL_SPLIT - c)) & 1
     # The class the smallest piece (class TAIL_SPLIT) runs at: its real rows are what the
     # larger pieces leave of the remainder.
     h_last = tl.zeros_like(starts) + TAIL_SPLIT
     if TAIL_FINE:
-        left = ends - starts - full * BLOCK_M - (pieces >> 1) * (2 * GRAIN)
+        left = ends - base - full * BLOCK_M - (pieces >> 1) * (2 * GRAIN)
         for f in tl.static_range(1, TAIL_FINE + 1):
             h_last += (left <= (GRAIN >> f)).to(tl.int32)
 
@@ -145,8 +161,11 @@ def _block_table_kernel(
     row_end = tl.zeros_like(b)
     h = tl.zeros_like(b)
     off = tl.zeros_like(starts)  # a class's row offset within its expert's remainder
-    for c in tl.static_range(TAIL_SPLIT + 1):
-        if c == 0:
+    # Class -1 stands for the tall tiles (their table class is TALL_CLASS).
+    for c in tl.static_range(-TALL, TAIL_SPLIT + 1):
+        if c < 0:
+            n_c = n_tall
+        elif c == 0:
             n_c = n_full
         else:
             n_c = (pieces >> (TAIL_SPLIT - c)) & 1
@@ -154,10 +173,12 @@ def _block_table_kernel(
         seg = tl.where(in_win, w_pos + tl.cumsum(w_n, 0) - w_n, nxt)
         j = b[:, None] - seg[None, :]  # the block's index within the segment
         hit = (j >= 0) & (j < n_c[None, :])
-        if c == 0:
-            first = starts[None, :] + j * BLOCK_M
+        if c < 0:
+            first = starts[None, :] + j * STEP
+        elif c == 0:
+            first = base[None, :] + j * BLOCK_M
         else:
-            first = (starts + full * BLOCK_M + off)[None, :]
+            first = (base + full * BLOCK_M + off)[None, :]
         n_hit = tl.sum(hit.to(tl.int32), 1)  # 0 or 1 per block
         found += n_hit
         expert += tl.sum(tl.where(hit, e_idx[None, :], 0), 1)
@@ -165,6 +186,8 @@ def _block_table_kernel(
         row_end += tl.sum(tl.where(hit, ends[None, :], 0), 1)
         if TAIL_FINE and c == TAIL_SPLIT and c > 0:
             h += tl.sum(tl.where(hit, h_last[None, :], 0), 1)
+        elif c < 0:
+            h += n_hit * TALL_CLASS
         else:
             h += n_hit * c
         nxt += n_c
@@ -721,6 +744,7 @@ class GroupedGemm(Launches, Kernel):
         "SWAP_AB": 0,
         "TAIL_FINE": 0,
         "DIRECT_STORE": 0,
+        "TALL_TILE": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -812,7 +836,7 @@ class GroupedGemm(Launches, Kernel):
                 _block_table_kernel, (triton.cdiv(nb, chunk),), (offsets, table, E, nb),
                 {"E_PAD": e_pad, "BLOCK_M": bm, "TAIL_SPLIT": tail_split,
                  "TAIL_WINDOW": int(cfg["TAIL_WINDOW"]), "CHUNK": chunk,
-                 "TAIL_FINE": tail_fine,
+                 "TAIL_FINE": tail_fine, "TALL": int(cfg["TALL_TILE"]),
                  "num_warps": 4},
             ))  # fmt: skip
 
@@ -865,7 +889,8 @@ class GroupedGemm(Launches, Kernel):
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
-                "SWAP_AB": bool(int(cfg["SWAP_AB"])),
+                "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": bool(int(cfg["TALL_TILE"])),
+            "TALL_CLASS": TALL_CLASS,
                 "TAIL_FINE": tail_fine,
                 # A diagnostic only (diag_grouped_tailcost.py), in no search space.
                 "TAIL_EMU": int(cfg.get("TAIL_EMU", 0)),
@@ -941,7 +966,8 @@ class GroupedGemm(Launches, Kernel):
             "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TAIL_FINE": int(cfg["TAIL_FINE"]),
             "TMA_STORE": bool(int(cfg["TMA_STORE"])),
             "DYNAMIC": int(cfg["GLUON"]) == 4, "DIRECT": bool(int(cfg["DIRECT_STORE"])),
-            "SWAP_AB": bool(int(cfg["SWAP_AB"])),
+            "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": bool(int(cfg["TALL_TILE"])),
+            "TALL_CLASS": TALL_CLASS,
             "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
             "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS, "num_warps": int(cfg["num_warps"]),
         }
@@ -1009,7 +1035,18 @@ class GroupedGemm(Launches, Kernel):
                     f"{rows_on_m} where a tile runs transposed (W's rows on wgmma's M, 16 a "
                     "warp)")
         per_thread = bm * bn // (32 * warps)
-        if per_thread > _gluon_ws.CONSUMER_REGS - 64:
+        if int(cfg["TALL_TILE"]):
+            # One warp group holds a tall tile's two accumulators (BLOCK_M and half of it
+            # routed rows, transposed): 192 fp32 a thread at 128 x 128, what ptxas fits
+            # in a consumer's 232 registers without spilling (sm_90, Triton 3.6 and 3.9).
+            if warps != 4 or not swap:
+                return f"{ws}: TALL_TILE=1 needs num_warps=4 and SWAP_AB=1 (ping-pong, transposed)"
+            per_thread += per_thread // 2
+            if per_thread > _gluon_ws.CONSUMER_REGS - 40:
+                return (f"{ws}: TALL_TILE=1 at {bm}x{bn}: {per_thread} accumulator registers "
+                        f"a thread, more than a consumer's {_gluon_ws.CONSUMER_REGS} leave "
+                        "room for")
+        elif per_thread > _gluon_ws.CONSUMER_REGS - 64:
             return (f"{ws}: a {bm}x{bn} accumulator is {per_thread} registers a thread, "
                     f"more than a consumer's {_gluon_ws.CONSUMER_REGS} leave room for")
         return None
@@ -1144,6 +1181,10 @@ class GroupedGemm(Launches, Kernel):
             return "TAIL_WINDOW > 0 needs BLOCK_TABLE=1 and TAIL_SPLIT >= 1"
         if int(cfg["DIRECT_STORE"]) and (int(cfg["GLUON"]) < 3 or tma_store):
             return "DIRECT_STORE=1 needs GLUON=3 or 4 and TMA_STORE=0"
+        if int(cfg["TALL_TILE"]) not in (0, 1):
+            return f"TALL_TILE={cfg['TALL_TILE']}: 0 or 1"
+        if int(cfg["TALL_TILE"]) and int(cfg["GLUON"]) < 3:
+            return "TALL_TILE=1 needs GLUON=3 or 4 (the warp-specialized engine)"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:
@@ -1161,7 +1202,9 @@ class GroupedGemm(Launches, Kernel):
         # fewer than it has stages.
         item = 2
         buffers = max(1, stages - 1) if device.vendor == "amd" else stages
-        pipeline, epilogue = buffers * (bm * bk + bn * bk) * item, bm * bn * item
+        # TALL_TILE's slots hold half a block more of A.
+        a_rows = bm + (bm // 2 if int(cfg["TALL_TILE"]) else 0)
+        pipeline, epilogue = buffers * (a_rows * bk + bn * bk) * item, bm * bn * item
         # A flattened loop keeps loading the next tile while this one is stored, and a
         # TMA store stages the tile in a buffer of its own: then both are live at once.
         # So does the Gluon kernel's staging tile, which every store goes through.

@@ -91,8 +91,8 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         # Quarter tiles need the block table (tested below).
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
         config.update(BLOCK_TABLE=1)
-    if name == "DIRECT_STORE" and value:
-        # An epilogue of the warp-specialized Gluon engine only (compiled and run in
+    if name in ("DIRECT_STORE", "TALL_TILE") and value:
+        # Options of the warp-specialized Gluon engine only (compiled and run in
         # tests/test_grouped_gemm_gluon.py).
         assert "GLUON=3 or 4" in KERNEL.check_config(config, shape, H100)
         return
@@ -488,21 +488,29 @@ def test_tail_split_halves(use_tma: int, persistent: int, tma_store: int, n: int
 
 
 def _table_reference(counts: list[int], bm: int, split: int, window: int = 0,
-                     fine: int = 0) -> list[tuple[int, int, int]]:
+                     fine: int = 0, tall: int = 0) -> list[tuple[int, int, int]]:
     """(expert, first row, height) of every block the table should list, in order: expert
     by expert, except the last ``window`` experts' blocks, which come after all others
     ordered by class (full, half, quarter: tallest first), then by expert. With
     ``fine``, an expert's smallest piece is the smallest of grain, grain/2, ...,
-    grain/2**fine rows that holds its real rows (it keeps its class's place)."""
+    grain/2**fine rows that holds its real rows (it keeps its class's place). With
+    ``tall``, an expert's rows first go in tiles of 1.5 blocks, the last of them taking
+    a remainder of more than a block (class -1: before the full blocks)."""
     grain, rows, out, last = bm >> split, 0, [], []
+    step = bm + bm // 2
     for e, c in enumerate(counts):
-        full, r = divmod(c, bm)
-        blocks = [(e, rows + i * bm, bm, 0) for i in range(full)]
+        n_tall = 0
+        if tall:
+            n_tall = c // step + (c % step > bm)
+        blocks = [(e, rows + i * step, step, -1) for i in range(n_tall)]
+        start = min(rows + n_tall * step, rows + c)
+        full, r = divmod(rows + c - start, bm)
+        blocks += [(e, start + i * bm, bm, 0) for i in range(full)]
         u = -(-r // grain)
         if u == 1 << split:
-            blocks.append((e, rows + full * bm, bm, 0))
+            blocks.append((e, start + full * bm, bm, 0))
         else:
-            pos = rows + full * bm
+            pos = start + full * bm
             for k in reversed(range(split)):
                 if u >> k & 1:
                     height = grain << k
@@ -518,16 +526,17 @@ def _table_reference(counts: list[int], bm: int, split: int, window: int = 0,
     return [b[:3] for b in out + sorted(last, key=lambda blk: blk[3])]
 
 
-@pytest.mark.parametrize("split,window,fine", [
-    (0, 0, 0), (1, 0, 0), (2, 0, 0), (1, 5, 0), (2, 6, 0), (2, 14, 0), (2, 40, 0),
-    (2, 0, 1), (2, 0, 2), (2, 6, 2), (1, 0, 1), (1, 0, 2), (1, 5, 2)])
-def test_block_table_contents(split: int, window: int, fine: int) -> None:
+@pytest.mark.parametrize("split,window,fine,tall", [
+    (0, 0, 0, 0), (1, 0, 0, 0), (2, 0, 0, 0), (1, 5, 0, 0), (2, 6, 0, 0), (2, 14, 0, 0),
+    (2, 40, 0, 0), (2, 0, 1, 0), (2, 0, 2, 0), (2, 6, 2, 0), (1, 0, 1, 0), (1, 0, 2, 0),
+    (1, 5, 2, 0), (1, 0, 2, 1), (1, 6, 2, 1), (0, 0, 0, 1), (2, 0, 1, 1)])
+def test_block_table_contents(split: int, window: int, fine: int, tall: int) -> None:
     """The table kernel's blocks against a plain-Python decomposition: full blocks, then
     the remainder as halves/quarters (largest first), one full block when it needs all of
     them; the last ``window`` experts' blocks by class; with TAIL_FINE the last quarter
     piece at 1/8 or 1/16 of a block where its rows fit; -1 past the real blocks and the
     real count after the four rows. Padding is under one grain (BLOCK_M >> TAIL_SPLIT
-    rows) per expert."""
+    rows) per expert, or half a block with tall tiles (TALL_TILE: 1.5 blocks)."""
     counts = [0, 1, 16, 17, 48, 49, 63, 64, 65, 0, 200, 128, 127, 0]
     bm = 64
     if fine:
@@ -539,14 +548,15 @@ def test_block_table_contents(split: int, window: int, fine: int) -> None:
     inputs = make_grouped_inputs(counts, 32, 32, "fp32", seed=1, device="cpu")
     config = {"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 32, "BLOCK_TABLE": 1,
               "TAIL_SPLIT": split, "TAIL_WINDOW": window, "TAIL_FINE": fine,
-              "USE_TMA": int(fine > 0)}
+              "USE_TMA": int(fine > 0), "TALL_TILE": tall}
     launches, _ = KERNEL._launches(inputs, config)
     launches[0]()
     table, nb = launches[0].args[1], launches[0].args[3]
-    want = _table_reference(counts, bm, split, window, fine)
+    want = _table_reference(counts, bm, split, window, fine, tall)
     n = len(want)
-    got = list(zip(table[:n].tolist(), table[nb:nb + n].tolist(),
-                   [bm >> h for h in table[3 * nb:3 * nb + n].tolist()], strict=True))
+    heights = [bm + bm // 2 if h == grouped_gemm.TALL_CLASS else bm >> h
+               for h in table[3 * nb:3 * nb + n].tolist()]
+    got = list(zip(table[:n].tolist(), table[nb:nb + n].tolist(), heights, strict=True))
     assert got == want
     if window:
         # The window reorders: the heights no longer run expert by expert.
@@ -555,10 +565,15 @@ def test_block_table_contents(split: int, window: int, fine: int) -> None:
     assert table[2 * nb:2 * nb + n].tolist() == [ends[e] for e, _, _ in want]
     assert (table[n:nb] == -1).all() and int(table[4 * nb]) == n
     rows = sum(h for _, _, h in want)
-    assert rows - sum(counts) < (bm >> split) * sum(1 for c in counts if c)
+    pad = max(bm >> split, bm // 2 if tall else 0)
+    assert rows - sum(counts) < pad * sum(1 for c in counts if c)
+    if tall:
+        # Tall tiles occur and leave fewer tiles (so fewer passes over W).
+        assert bm + bm // 2 in heights
+        assert n < len(_table_reference(counts, bm, split, window, fine))
     if fine:
         # Fine pieces occur, pad less, and add no piece.
-        coarse = _table_reference(counts, bm, split, window)
+        coarse = _table_reference(counts, bm, split, window, 0, tall)
         assert {bm >> (split + f) for f in range(1, fine + 1)} <= {h for _, _, h in want}
         assert rows < sum(h for _, _, h in coarse) and len(want) == len(coarse)
 

@@ -91,6 +91,13 @@ CONFIGS = [
      "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1},
     {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
      "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1},
+    # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
+    # registers, tiles from the counter.
+    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
+     "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1,
+     "TALL_TILE": 1},
+    {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
+     "GROUP_M": 4, "TAIL_SPLIT": 2, "DIRECT_STORE": 1, "SWAP_AB": 1, "TALL_TILE": 1},
 ]  # fmt: skip
 WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] >= 3]
 
@@ -161,6 +168,19 @@ def test_pruning_warp_specialized() -> None:
     assert KERNEL.check_config({**cfg, "BLOCK_M": 32, "TAIL_SPLIT": 0, "SWAP_AB": 1}, MOE,
                                H100) is None
     assert "SWAP_AB=1 needs" in KERNEL.check_config({**CONFIGS[0], "SWAP_AB": 1}, MOE, H100)
+    # Tall tiles: ping-pong, transposed, two accumulators within a consumer's registers,
+    # half a block more of A in every slot (4 stages and two staging tiles fit).
+    tall = {**cfg, "SWAP_AB": 1, "TALL_TILE": 1}
+    assert KERNEL.check_config(tall, MOE, H100) is None
+    assert "shared memory" in KERNEL.check_config({**tall, "num_stages": 5}, MOE, H100)
+    assert KERNEL.check_config({**tall, "num_stages": 5, "TMA_STORE": 0, "DIRECT_STORE": 1},
+                               MOE, H100) is None
+    for bad in ({"num_warps": 8}, {"SWAP_AB": 0}):
+        assert "needs num_warps=4 and SWAP_AB=1" in KERNEL.check_config({**tall, **bad}, MOE,
+                                                                        H100)
+    assert "accumulator registers" in KERNEL.check_config({**tall, "BLOCK_N": 256}, MOE, H100)
+    assert "GLUON=3 or 4" in KERNEL.check_config({**CONFIGS[0], "TALL_TILE": 1}, MOE, H100)
+    assert "0 or 1" in KERNEL.check_config({**tall, "TALL_TILE": 2}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 2},
                                                        MOE, H100)
