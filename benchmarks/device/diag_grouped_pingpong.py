@@ -186,13 +186,13 @@ def tall_configs() -> dict[str, dict]:
 
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
-    (ping-pong s5 twice: the run's noise floor)."""
+    and the transposed ping-pong (ping-pong s5 twice: the run's noise floor)."""
     pack = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
     return {"best Triton config": best_config(), "Gluon, stride": gluon_config(),
             f"this GPU's pack ({pack.source})": dict(pack.config),
             "ping-pong s5": pingpong(num_stages=5),
             "ping-pong s5, counter": pingpong(num_stages=5, GLUON=4),
-            "ping-pong s4, counter": pingpong(GLUON=4),
+            "ping-pong s5 SWAP_AB": pingpong(num_stages=5, SWAP_AB=1),
             "ping-pong s5 (again)": pingpong(num_stages=5)}
 
 
