@@ -889,8 +889,7 @@ class GroupedGemm(Launches, Kernel):
                 "FLATTEN": bool(int(cfg["FLATTEN"])),
                 "TMA_STORE": bool(int(cfg["TMA_STORE"])),
                 "WARP_SPEC": bool(int(cfg["WARP_SPEC"])),
-                "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": bool(int(cfg["TALL_TILE"])),
-            "TALL_CLASS": TALL_CLASS,
+                "SWAP_AB": bool(int(cfg["SWAP_AB"])),
                 "TAIL_FINE": tail_fine,
                 # A diagnostic only (diag_grouped_tailcost.py), in no search space.
                 "TAIL_EMU": int(cfg.get("TAIL_EMU", 0)),

@@ -413,6 +413,31 @@ def moe_cpu_inputs() -> dict:
             "offsets": torch.tensor(grouped_gemm.counts_to_offsets(counts), dtype=torch.int32)}
 
 
+# What a launch's meta may hold besides the kernel's own arguments: Triton's launch
+# options (and the AMD ones the launcher passes on ROCm).
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", *grouped_gemm._AMD_KWARGS}
+
+
+def unknown_meta(configs: list[dict]) -> list[tuple[str, str]]:
+    """(kernel, name) of every meta entry of the configs' launches at the MoE shape that
+    is neither the kernel's argument nor a launch option: the GPU launch raises on them
+    ("Keyword argument ... was specified but unrecognised"), the interpreter does not."""
+    inputs = moe_cpu_inputs()
+    return [(lc.fn.__name__, k) for config in configs
+            for lc in KERNEL._launches(inputs, config)[0]
+            for k in lc.meta if k not in lc.fn.arg_names and k not in LAUNCH_OPTIONS]
+
+
+def test_launch_meta_names_only_kernel_arguments() -> None:
+    """Every option a config sets reaches only kernels that take it (session 20: TALL,
+    the Gluon engine's, leaked into the Triton TMA kernel's launch and failed it on the
+    GPU while every interpreter test passed)."""
+    configs = [{}, {"PERSISTENT": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
+               {**PACK_H200, "SWAP_AB": 1, "TAIL_FINE": 2, "TMA_STORE": 1},
+               {**PACK_H200, "PERSISTENT": 1, "FLATTEN": 1}]
+    assert unknown_meta(configs) == []
+
+
 def compile_sm90(launch: grouped_gemm.Launch, source: type,
                  **options: int) -> triton.compiler.CompiledKernel:
     """``launch`` compiled for sm_90 as the launcher would run it, with no GPU: the

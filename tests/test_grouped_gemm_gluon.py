@@ -20,7 +20,7 @@ import triton
 from harness.kernel_api import DeviceSpec
 from kernels import grouped_gemm
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
-from tests.test_grouped_gemm import compile_sm90, moe_cpu_inputs
+from tests.test_grouped_gemm import compile_sm90, moe_cpu_inputs, unknown_meta
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = GroupedGemm()
@@ -206,6 +206,13 @@ def test_rejects_fp32() -> None:
     inputs = make_grouped_inputs([70, 0, 60], 64, 64, "fp32", seed=0, device="cpu")
     with pytest.raises(ValueError, match="bf16 or fp16"):
         KERNEL.launcher(inputs, {"M": 130, "N": 64, "K": 64, "E": 3}, CONFIGS[0])
+
+
+@needs_gluon
+def test_launch_meta_names_only_kernel_arguments() -> None:
+    """The Gluon engines' launches (and their block table's) pass only arguments each
+    kernel takes."""
+    assert unknown_meta(CONFIGS) == []
 
 
 def sm90_features(configs: list[dict]) -> list[dict]:
