@@ -134,6 +134,15 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
 
 
 @gluon.jit
+def _landed_slot(ready, q, STAGES: gl.constexpr):
+    """The ring slot of the q-th K step this program loads, once its boxes have landed
+    (the slot's (q // STAGES)-th fill)."""
+    s = q % STAGES
+    mbarrier.wait(ready.index(s), (q // STAGES) & 1)
+    return s
+
+
+@gluon.jit
 def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, n0, N,
                         BM_T: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                         TMA_STORE: gl.constexpr, NC: gl.constexpr, CW: gl.constexpr,
@@ -158,8 +167,7 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
         acc = gl.zeros([BM_T, BN], gl.float32, _mma_layout(BM_T, BN, CW))
     for kk in range(k_tiles):
         q = base + kk
-        s = q % STAGES
-        mbarrier.wait(ready.index(s), (q // STAGES) & 1)
+        s = _landed_slot(ready, q, STAGES)
         a = a_bufs.index(s)
         if BM_T < BM:
             a = a.slice(0, BM_T)
@@ -192,8 +200,7 @@ def _tall_mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_
     acc2 = gl.zeros([BN, BH], gl.float32, _mma_layout(BN, BH, CW))
     for kk in range(k_tiles):
         q = base + kk
-        s = q % STAGES
-        mbarrier.wait(ready.index(s), (q // STAGES) & 1)
+        s = _landed_slot(ready, q, STAGES)
         w = w_bufs.index(s)
         acc = warpgroup_mma(w, a_bufs.index(s).permute((1, 0)), acc, is_async=True)
         acc2 = warpgroup_mma(w, a2_bufs.index(s).permute((1, 0)), acc2, is_async=True)
