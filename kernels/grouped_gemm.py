@@ -1037,7 +1037,8 @@ class GroupedGemm(Launches, Kernel):
         if int(cfg["TALL_TILE"]):
             # One warp group holds a tall tile's two accumulators (BLOCK_M and half of it
             # routed rows, transposed): 192 fp32 a thread at 128 x 128, what ptxas fits
-            # in a consumer's 232 registers without spilling (sm_90, Triton 3.6 and 3.9).
+            # in a consumer's 232 registers without spilling with staged stores (sm_90,
+            # Triton 3.6 and 3.9); with DIRECT_STORE Triton 3.6's ptxas spills 160 bytes.
             if warps != 4 or not swap:
                 return f"{ws}: TALL_TILE=1 needs num_warps=4 and SWAP_AB=1 (ping-pong, transposed)"
             per_thread += per_thread // 2
@@ -1164,8 +1165,8 @@ class GroupedGemm(Launches, Kernel):
             # an expert's one tail piece shrinks from half a block to the smallest class
             # that holds its rows.
             ws = int(cfg["GLUON"]) in (3, 4)
-            if split not in ((1, 2) if ws else (2,)) or not int(cfg.get("USE_TMA", 0)) \
-                    or int(cfg["GLUON"]) in (1, 2):
+            splits = {0: (2,), 3: (1, 2), 4: (1, 2)}.get(int(cfg["GLUON"]), ())
+            if split not in splits or not int(cfg.get("USE_TMA", 0)):
                 return ("TAIL_FINE needs USE_TMA=1 and TAIL_SPLIT=2 with GLUON=0, or "
                         "TAIL_SPLIT=1 or 2 with GLUON=3 or 4")
             # tl.dot's 16; the warp-specialized Gluon engine's wgmma N goes down to 8.

@@ -32,6 +32,10 @@ MOE = KERNEL.shapes["deepseek-v3-16b"]
 
 # The engine's fixed part: the table's tiles, TMA loads, persistent.
 BASE = {"GLUON": 1, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "BLOCK_K": 64}
+# The warp-specialized engine's two shapes: ping-pong (two consumers on 128x128 tiles)
+# and cooperative (one consumer of two warp groups on 256x128 tiles).
+PP = {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4}
+COOP = {**BASE, "GLUON": 3, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8}
 CONFIGS = [
     {**BASE, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 1,
      "TAIL_SPLIT": 2, "TMA_STORE": 1},
@@ -49,55 +53,45 @@ CONFIGS = [
     {**BASE, "GLUON": 2, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 3,
      "GROUP_M": 8, "TAIL_SPLIT": 1, "TAIL_WINDOW": 4},
     # Warp-specialized: a producer warp, two consumer warp groups on alternate tiles.
-    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
-     "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1},
-    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
-     "GROUP_M": 8, "TAIL_SPLIT": 0, "TAIL_WINDOW": 0},
+    {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1},
+    {**PP, "num_stages": 5, "GROUP_M": 8, "TAIL_SPLIT": 0, "TAIL_WINDOW": 0},
     {**BASE, "GLUON": 3, "BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 4,
      "num_stages": 6, "GROUP_M": 4, "TAIL_SPLIT": 0, "TMA_STORE": 1},
     # ... with the tiles from a counter, handed to the consumers by the producer.
-    {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
-     "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1},
-    {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3,
-     "GROUP_M": 8, "TAIL_SPLIT": 0},
+    {**PP, "GLUON": 4, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1},
+    {**PP, "GLUON": 4, "num_stages": 3, "GROUP_M": 8, "TAIL_SPLIT": 0},
     # Tails below 64 rows transposed: quarters (32 rows), and the table's fine pieces.
-    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
-     "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "TMA_STORE": 1},
-    {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
-     "GROUP_M": 4, "TAIL_SPLIT": 2, "TAIL_FINE": 1},
+    {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "TMA_STORE": 1},
+    {**PP, "GLUON": 4, "num_stages": 5, "GROUP_M": 4, "TAIL_SPLIT": 2, "TAIL_FINE": 1},
     {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4,
      "num_stages": 6, "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
     # Outputs stored from registers: no staging tiles, so more stages fit.
-    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 6,
-     "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "DIRECT_STORE": 1},
+    {**PP, "num_stages": 6, "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "DIRECT_STORE": 1},
     {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 4,
      "GROUP_M": 1, "TAIL_SPLIT": 1, "DIRECT_STORE": 1},
     # One consumer of two warp groups splitting each tile (cooperative), and its quarters.
-    {**BASE, "GLUON": 3, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
-     "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
+    {**COOP, "num_stages": 3, "GROUP_M": 1, "TAIL_SPLIT": 2, "TMA_STORE": 1},
     {**BASE, "GLUON": 4, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8,
      "num_stages": 6, "GROUP_M": 4, "TAIL_SPLIT": 1},
     # Every tile transposed (SWAP_AB, cuBLAS's form here): cooperative 256-row tiles down
     # to 16-row tails, and ping-pong 128-row tiles.
-    {**BASE, "GLUON": 3, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
-     "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1},
-    {**BASE, "GLUON": 4, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4,
-     "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 1, "DIRECT_STORE": 1, "SWAP_AB": 1},
-    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
-     "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1},
+    {**COOP, "num_stages": 3, "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2, "TMA_STORE": 1,
+     "SWAP_AB": 1},
+    {**COOP, "GLUON": 4, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 1,
+     "DIRECT_STORE": 1, "SWAP_AB": 1},
+    {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1},
     # An expert's one tail piece at the least height that holds it (TAIL_SPLIT=1 with
     # TAIL_FINE): 128 rows down to 32, or 64 down to 16.
-    {**BASE, "GLUON": 4, "BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3,
-     "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1},
-    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
-     "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1},
+    {**COOP, "GLUON": 4, "num_stages": 3, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2,
+     "TMA_STORE": 1, "SWAP_AB": 1},
+    {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
+     "SWAP_AB": 1},
     # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
     # registers, tiles from the counter.
-    {**BASE, "GLUON": 3, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
-     "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "SWAP_AB": 1,
-     "TALL_TILE": 1},
-    {**BASE, "GLUON": 4, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5,
-     "GROUP_M": 4, "TAIL_SPLIT": 2, "DIRECT_STORE": 1, "SWAP_AB": 1, "TALL_TILE": 1},
+    {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
+     "SWAP_AB": 1, "TALL_TILE": 1},
+    {**PP, "GLUON": 4, "num_stages": 5, "GROUP_M": 4, "TAIL_SPLIT": 2, "DIRECT_STORE": 1,
+     "SWAP_AB": 1, "TALL_TILE": 1},
 ]  # fmt: skip
 WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] >= 3]
 
