@@ -153,18 +153,14 @@ def _mainloop_and_store(base, k_tiles, ring, my_turn, c_buf, outs, m0, row_end, 
     last slot is taken; then the tile leaves through ``c_buf`` (a TMA store when it lies
     inside its expert, masked stores when it straddles the expert's end; with DIRECT,
     masked stores straight from the accumulator's registers). CW: the consumer's warps.
-    SWAP_AB: 1, every tile transposed, not only those below 64 rows; 2, the full-height
-    tiles only."""
+    SWAP_AB: every tile transposed, not only those below 64 rows."""
     ready, empty, a_bufs, w_bufs = ring[2], ring[3], ring[4], ring[5]
     BM: gl.constexpr = ring[4].type.shape[1]
     # Below a warp group's 64 rows the tile runs transposed: W's BN rows on wgmma's M,
     # the tile's rows on its N (8 to 32), so a short tail pads to 8 rows, not 64. With
     # SWAP_AB every tile does, the form of cuBLAS's batched GEMM here (session 19's ncu:
     # "..._coopA_TNN", W's rows on M, 256 routed rows on N, an n256 wgmma a warp group).
-    # SWAP_AB=2 leaves the shorter tiles of 64 rows or more as they are: a half tile
-    # transposed is n64 wgmmas, each reading its 64-row slice of W from shared memory for
-    # half the products of an n128 one (untransposed it is m64n128, W on the N side).
-    SWAP: gl.constexpr = (BM_T < 64) or (SWAP_AB == 1) or (SWAP_AB == 2 and BM_T == BM)
+    SWAP: gl.constexpr = (BM_T < 64) or SWAP_AB
     if SWAP:
         acc = gl.zeros([BN, BM_T], gl.float32, _mma_layout(BN, BM_T, CW))
     else:
@@ -318,8 +314,7 @@ def grouped_gemm_gluon_ws_kernel(
     warp groups splitting each tile ("cooperative"). The producer is a one-warp worker.
     DYNAMIC: tiles from the table's counter as the producer frees up. DIRECT: outputs
     stored from registers, no staging tiles (their shared memory can go to the ring).
-    SWAP_AB: 1, every tile computed transposed (W's rows on wgmma's M side); 2, the
-    full-height ones (and those below 64 rows, as always). TALL: the
+    SWAP_AB: every tile computed transposed (W's rows on wgmma's M side). TALL: the
     table's class TALL_CLASS tiles are BM + BM/2 rows (ping-pong, transposed)."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)

@@ -965,7 +965,7 @@ class GroupedGemm(Launches, Kernel):
             "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TAIL_FINE": int(cfg["TAIL_FINE"]),
             "TMA_STORE": bool(int(cfg["TMA_STORE"])),
             "DYNAMIC": int(cfg["GLUON"]) == 4, "DIRECT": bool(int(cfg["DIRECT_STORE"])),
-            "SWAP_AB": int(cfg["SWAP_AB"]), "TALL": bool(int(cfg["TALL_TILE"])),
+            "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": bool(int(cfg["TALL_TILE"])),
             "TALL_CLASS": TALL_CLASS,
             "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
             "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS, "num_warps": int(cfg["num_warps"]),
@@ -1125,12 +1125,10 @@ class GroupedGemm(Launches, Kernel):
             return "FLATTEN=1 needs USE_TMA=1 and PERSISTENT=1"
         if tma_store and not int(cfg.get("USE_TMA", 0)):
             return "TMA_STORE=1 needs USE_TMA=1"
-        swap, engine = int(cfg["SWAP_AB"]), int(cfg["GLUON"])
-        if swap and (not int(cfg.get("USE_TMA", 0)) or engine in (1, 2)):
+        if int(cfg["SWAP_AB"]) and (not int(cfg.get("USE_TMA", 0))
+                                    or int(cfg["GLUON"]) in (1, 2)):
             return ("SWAP_AB=1 needs USE_TMA=1 with GLUON=0 (the Triton TMA kernel) or 3 / 4 "
                     "(the warp-specialized one)")
-        if swap == 2 and engine not in (3, 4):
-            return "SWAP_AB=2 (full-height tiles transposed, the rest not) needs GLUON=3 / 4"
         if flatten and tma_store and _FLATTEN_STORE_BROKEN and not device.interpreted:
             return (f"FLATTEN=1 with TMA_STORE=1: Triton {triton.__version__} cannot fuse the "
                     "loops around the conditional store")

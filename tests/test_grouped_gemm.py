@@ -103,13 +103,9 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
             {**config, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1}, shape, CPU)
         return
     if name == "SWAP_AB" and value:
-        # An option of the Triton TMA kernel: alone it is pruned (tested below); 2 only of
-        # the warp-specialized Gluon engine.
+        # An option of the Triton TMA kernel: alone it is pruned (tested below).
         assert "USE_TMA" in KERNEL.check_config(config, shape, H100)
         config.update(USE_TMA=1)
-        if value == 2:
-            assert "GLUON=3 / 4" in KERNEL.check_config(config, shape, H100)
-            return
     if name == "TAIL_FINE" and value:
         # Fine pieces of the quarter tiles, in the TMA kernel (tested below).
         assert "TAIL_SPLIT=2" in KERNEL.check_config(config, shape, H100)

@@ -86,13 +86,6 @@ CONFIGS = [
      "TMA_STORE": 1, "SWAP_AB": 1},
     {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
      "SWAP_AB": 1},
-    # Only the full-height tiles transposed (SWAP_AB=2): half tiles stay m64n128, the
-    # pieces below 64 rows transposed as ever; with tall tiles.
-    {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 2},
-    {**PP, "GLUON": 4, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2,
-     "TMA_STORE": 1, "SWAP_AB": 2},
-    {**PP, "GLUON": 4, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1,
-     "SWAP_AB": 2, "TALL_TILE": 1},
     # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
     # registers, tiles from the counter.
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
@@ -169,9 +162,6 @@ def test_pruning_warp_specialized() -> None:
     assert KERNEL.check_config({**cfg, "BLOCK_M": 32, "TAIL_SPLIT": 0, "SWAP_AB": 1}, MOE,
                                H100) is None
     assert "SWAP_AB=1 needs" in KERNEL.check_config({**CONFIGS[0], "SWAP_AB": 1}, MOE, H100)
-    assert KERNEL.check_config({**cfg, "SWAP_AB": 2}, MOE, H100) is None
-    assert "SWAP_AB=2" in KERNEL.check_config({**CONFIGS[0], "GLUON": 0, "SWAP_AB": 2}, MOE,
-                                           H100)
     # Tall tiles: ping-pong, transposed, two accumulators within a consumer's registers,
     # half a block more of A in every slot (4 stages and two staging tiles fit).
     tall = {**cfg, "SWAP_AB": 1, "TALL_TILE": 1}
@@ -278,18 +268,11 @@ def test_compiles_for_sm90_without_a_gpu(i: int, compiled_sm90: list[dict]) -> N
         # Tails below 64 rows transposed: their rows on wgmma's N, down to the piece.
         rows = config["BLOCK_M"] >> (2 + config.get("TAIL_FINE", 0))
         assert f"m64n{rows}k16" in got["wgmma"] and f"m64n{config['BLOCK_N']}k16" in got["wgmma"]
-    swap = config.get("SWAP_AB", 0)
-    if swap:
-        # SWAP_AB=1, every tile transposed: each height's rows on wgmma's N, the full
-        # tile's too (n256 for cooperative 256-row tiles, as cuBLAS's kernel here).
-        # SWAP_AB=2: the full tile and the pieces below 64 rows; the others m64 by
-        # BLOCK_N (W's rows on N); a tall tile adds its half block (n64).
+    if config.get("SWAP_AB"):
+        # Every tile transposed: each height's rows on wgmma's N, the full tile's too
+        # (n256 for cooperative 256-row tiles, as cuBLAS's kernel here).
         heights = config["TAIL_SPLIT"] + config.get("TAIL_FINE", 0)
-        bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-        want = {f"m64n{bm >> h}k16" if swap == 1 or h == 0 or bm >> h < 64 else f"m64n{bn}k16"
-                for h in range(heights + 1)}
-        if config.get("TALL_TILE"):
-            want |= {f"m64n{bm // 2}k16"}
+        want = {f"m64n{config['BLOCK_M'] >> h}k16" for h in range(heights + 1)}
         assert set(got["wgmma"]) == want
     if i in WS:
         # Three warp groups (two consumers or one of two, and the producer warp); the

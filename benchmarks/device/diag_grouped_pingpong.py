@@ -9,7 +9,7 @@ pipe's idle time around tile boundaries: this kernel overlaps one consumer's sto
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
     python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
-        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|swap2]
+        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
@@ -19,8 +19,7 @@ last (``window_configs``). Study ``coop``: one consumer of two warp groups
 Study ``direct``: outputs stored from registers (``direct_configs``). Study ``swap``:
 every tile transposed (``swap_configs``). Study ``tails``: transposed tiles with each
 expert's tail in one piece (``tail_configs``). Study ``tall``: ping-pong tiles of 1.5
-blocks (``tall_configs``). Study ``swap2``: only the full-height tiles transposed
-(``swap2_configs``).
+blocks (``tall_configs``).
 """
 
 from __future__ import annotations
@@ -185,24 +184,6 @@ def tall_configs() -> dict[str, dict]:
             "ping-pong s5 SWAP_AB one tail (again)": swap}
 
 
-def swap2_configs() -> dict[str, dict]:
-    """Study ``swap2`` (session 21): SWAP_AB=2 transposes the full-height tiles only,
-    leaving half tiles as m64n128 wgmmas (transposed they are n64 ones that read W's
-    64-row slice from shared memory for half the products). Session 21's call 3: the
-    log-normal routing's full blocks alone run at 96.7 % of dense, the whole at 88.7 %."""
-    swap = pingpong(num_stages=5, SWAP_AB=1)
-    pack = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
-    return {"ping-pong s5 SWAP_AB": swap,
-            "ping-pong s5 SWAP_AB=2": {**swap, "SWAP_AB": 2},
-            "ping-pong s5 SWAP_AB=2, counter": {**swap, "SWAP_AB": 2, "GLUON": 4},
-            "ping-pong s5 SWAP_AB=2 one tail": {**swap, "SWAP_AB": 2, "TAIL_FINE": 2},
-            "ping-pong s5 SWAP_AB=2 TAIL_SPLIT=2 TAIL_FINE=2": {
-                **swap, "SWAP_AB": 2, "TAIL_SPLIT": 2, "TAIL_FINE": 2},
-            f"this GPU's pack ({pack.source})": dict(pack.config),
-            "the pack with SWAP_AB=2": {**pack.config, "SWAP_AB": 2},
-            "ping-pong s5 SWAP_AB (again)": swap}
-
-
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
     and the transposed ping-pong (ping-pong s5 twice: the run's noise floor)."""
@@ -232,8 +213,6 @@ def main() -> None:
         cfgs = tail_configs()
     elif args.study == "tall":
         cfgs = tall_configs()
-    elif args.study == "swap2":
-        cfgs = swap2_configs()
     elif args.study in ("grid", "window", "fine"):
         cfgs = {"grid": grid_configs, "window": window_configs,
                 "fine": fine_configs}[args.study]()
