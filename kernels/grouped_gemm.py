@@ -117,28 +117,20 @@ def _block_table_kernel(
     then read their weights from HBM again: the window is a few experts, whose weights
     are still in L2.
 
-    With TALL=1 (the warp-specialized engine's TALL_TILE), an expert's rows first become
+    With TALL (the warp-specialized engine's TALL_TILE), an expert's rows first become
     tiles of one and a half blocks (class TALL_CLASS), the last of them taking a remainder
-    of over one block; what is left (at most one block) is split as above. With TALL=2
-    only an expert's last block is tall, where it takes a remainder of at most half a
-    block (that remainder's own tile would stream W once more for a few rows); its other
-    rows are split as above."""
+    of over one block; what is left (at most one block) is split as above."""
     e_idx, starts, ends = _expert_rows(offs_ptr, E, E_PAD)
     GRAIN: tl.constexpr = BLOCK_M >> TAIL_SPLIT
-    STEP: tl.constexpr = BLOCK_M + (BLOCK_M >> 1)
+    STEP: tl.constexpr = BLOCK_M + (BLOCK_M >> 1) * TALL
     n_tall = tl.zeros_like(starts)
-    base = starts  # where the blocks of one block and less start ...
-    body_end = ends  # ... and where they end
-    if TALL == 1:
+    base = starts  # where the blocks of one block and less start
+    if TALL:
         n_tall = (ends - starts) // STEP
         n_tall += (ends - starts - n_tall * STEP > BLOCK_M).to(tl.int32)
         base = tl.minimum(starts + n_tall * STEP, ends)
-    if TALL == 2:
-        rem = (ends - starts) % BLOCK_M
-        n_tall = ((ends - starts >= BLOCK_M) & (rem > 0) & (rem <= BLOCK_M // 2)).to(tl.int32)
-        body_end = ends - n_tall * (BLOCK_M + rem)
-    full = (body_end - base) // BLOCK_M
-    u = (body_end - base - full * BLOCK_M + GRAIN - 1) // GRAIN  # 0 .. 2**TAIL_SPLIT
+    full = (ends - base) // BLOCK_M
+    u = (ends - base - full * BLOCK_M + GRAIN - 1) // GRAIN  # 0 .. 2**TAIL_SPLIT
     whole = u == (1 << TAIL_SPLIT)
     pieces = tl.where(whole, 0, u)  # bit TAIL_SPLIT - c: a piece of class c
     n_full = full + whole.to(tl.int32)
@@ -149,7 +141,7 @@ def _block_table_kernel(
     # larger pieces leave of the remainder.
     h_last = tl.zeros_like(starts) + TAIL_SPLIT
     if TAIL_FINE:
-        left = body_end - base - full * BLOCK_M - (pieces >> 1) * (2 * GRAIN)
+        left = ends - base - full * BLOCK_M - (pieces >> 1) * (2 * GRAIN)
         for f in tl.static_range(1, TAIL_FINE + 1):
             h_last += (left <= (GRAIN >> f)).to(tl.int32)
 
@@ -170,7 +162,7 @@ def _block_table_kernel(
     h = tl.zeros_like(b)
     off = tl.zeros_like(starts)  # a class's row offset within its expert's remainder
     # Class -1 stands for the tall tiles (their table class is TALL_CLASS).
-    for c in tl.static_range(-(TALL > 0), TAIL_SPLIT + 1):
+    for c in tl.static_range(-TALL, TAIL_SPLIT + 1):
         if c < 0:
             n_c = n_tall
         elif c == 0:
@@ -181,9 +173,7 @@ def _block_table_kernel(
         seg = tl.where(in_win, w_pos + tl.cumsum(w_n, 0) - w_n, nxt)
         j = b[:, None] - seg[None, :]  # the block's index within the segment
         hit = (j >= 0) & (j < n_c[None, :])
-        if c < 0 and TALL == 2:
-            first = body_end[None, :] + j * STEP
-        elif c < 0:
+        if c < 0:
             first = starts[None, :] + j * STEP
         elif c == 0:
             first = base[None, :] + j * BLOCK_M
@@ -975,7 +965,7 @@ class GroupedGemm(Launches, Kernel):
             "TAIL_SPLIT": int(cfg["TAIL_SPLIT"]), "TAIL_FINE": int(cfg["TAIL_FINE"]),
             "TMA_STORE": bool(int(cfg["TMA_STORE"])),
             "DYNAMIC": int(cfg["GLUON"]) == 4, "DIRECT": bool(int(cfg["DIRECT_STORE"])),
-            "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": int(cfg["TALL_TILE"]),
+            "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": bool(int(cfg["TALL_TILE"])),
             "TALL_CLASS": TALL_CLASS,
             "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
             "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS, "num_warps": int(cfg["num_warps"]),
@@ -1191,8 +1181,8 @@ class GroupedGemm(Launches, Kernel):
             return "TAIL_WINDOW > 0 needs BLOCK_TABLE=1 and TAIL_SPLIT >= 1"
         if int(cfg["DIRECT_STORE"]) and (int(cfg["GLUON"]) < 3 or tma_store):
             return "DIRECT_STORE=1 needs GLUON=3 or 4 and TMA_STORE=0"
-        if int(cfg["TALL_TILE"]) not in (0, 1, 2):
-            return f"TALL_TILE={cfg['TALL_TILE']}: 0, 1 or 2"
+        if int(cfg["TALL_TILE"]) not in (0, 1):
+            return f"TALL_TILE={cfg['TALL_TILE']}: 0 or 1"
         if int(cfg["TALL_TILE"]) and int(cfg["GLUON"]) < 3:
             return "TALL_TILE=1 needs GLUON=3 or 4 (the warp-specialized engine)"
         if tma_store and N % 8:

@@ -92,11 +92,6 @@ CONFIGS = [
      "SWAP_AB": 1, "TALL_TILE": 1},
     {**PP, "GLUON": 4, "num_stages": 5, "GROUP_M": 4, "TAIL_SPLIT": 2, "DIRECT_STORE": 1,
      "SWAP_AB": 1, "TALL_TILE": 1},
-    # Only an expert's last block tall, where it takes a remainder of <= half a block.
-    {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1,
-     "TALL_TILE": 2},
-    {**PP, "GLUON": 4, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 2, "TAIL_FINE": 2,
-     "TMA_STORE": 1, "SWAP_AB": 1, "TALL_TILE": 2},
 ]  # fmt: skip
 WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] >= 3]
 
@@ -179,8 +174,7 @@ def test_pruning_warp_specialized() -> None:
                                                                         H100)
     assert "accumulator registers" in KERNEL.check_config({**tall, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=3 or 4" in KERNEL.check_config({**CONFIGS[0], "TALL_TILE": 1}, MOE, H100)
-    assert KERNEL.check_config({**tall, "TALL_TILE": 2}, MOE, H100) is None
-    assert "0, 1 or 2" in KERNEL.check_config({**tall, "TALL_TILE": 3}, MOE, H100)
+    assert "0 or 1" in KERNEL.check_config({**tall, "TALL_TILE": 2}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 2},
                                                        MOE, H100)

@@ -9,7 +9,7 @@ pipe's idle time around tile boundaries: this kernel overlaps one consumer's sto
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
     python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
-        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|tall2]
+        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
@@ -19,8 +19,7 @@ last (``window_configs``). Study ``coop``: one consumer of two warp groups
 Study ``direct``: outputs stored from registers (``direct_configs``). Study ``swap``:
 every tile transposed (``swap_configs``). Study ``tails``: transposed tiles with each
 expert's tail in one piece (``tail_configs``). Study ``tall``: ping-pong tiles of 1.5
-blocks (``tall_configs``). Study ``tall2``: only an expert's last block tall
-(``tall2_configs``).
+blocks (``tall_configs``).
 """
 
 from __future__ import annotations
@@ -185,25 +184,6 @@ def tall_configs() -> dict[str, dict]:
             "ping-pong s5 SWAP_AB one tail (again)": swap}
 
 
-def tall2_configs() -> dict[str, dict]:
-    """Study ``tall2`` (session 21): TALL_TILE=2, only an expert's last block tall, where
-    it takes a remainder of at most half a block, so that remainder streams no W of its
-    own; every other tile an ordinary 128-row one (TALL_TILE=1 made every tile tall, each
-    then reading W's slice twice from shared memory, n128 and n64). Session 21's call 3:
-    the log-normal routing's tails take 20 % of ping-pong's time, 5 % too much for 90 %."""
-    swap = pingpong(num_stages=5, SWAP_AB=1)
-    tall2 = {**swap, "num_stages": 4, "TALL_TILE": 2}
-    pack = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
-    return {"ping-pong s5 SWAP_AB": swap,
-            "ping-pong s4 SWAP_AB": {**swap, "num_stages": 4},
-            "tall2 s4": tall2,
-            "tall2 s4, counter": {**tall2, "GLUON": 4},
-            "tall2 s4 one tail": {**tall2, "TAIL_FINE": 2},
-            "tall2 s4 TMA_STORE=0": {**tall2, "TMA_STORE": 0},
-            f"this GPU's pack ({pack.source})": dict(pack.config),
-            "ping-pong s5 SWAP_AB (again)": swap}
-
-
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
     and the transposed ping-pong (ping-pong s5 twice: the run's noise floor)."""
@@ -233,8 +213,6 @@ def main() -> None:
         cfgs = tail_configs()
     elif args.study == "tall":
         cfgs = tall_configs()
-    elif args.study == "tall2":
-        cfgs = tall2_configs()
     elif args.study in ("grid", "window", "fine"):
         cfgs = {"grid": grid_configs, "window": window_configs,
                 "fine": fine_configs}[args.study]()
