@@ -70,13 +70,6 @@ _FLATTEN_STORE_BROKEN = tuple(int(x) for x in triton.__version__.split(".")[:2])
 # classes' 0-4 (a class h tile is otherwise BLOCK_M >> h rows).
 TALL_CLASS = tl.constexpr(5)
 
-# BALANCE's cost model, in hundredths of a full tile: what a half-height tail tile saves
-# (session 21: 0.71 of a full tile's time on an H200, half its MMA, three quarters of its
-# bytes); finer tail pieces are counted the same.
-_TAIL_SAVING = tl.constexpr(29)
-# The most fixed-stride residues (programs / n-tiles) BALANCE plans over.
-_BALANCE_SLOTS = tl.constexpr(128)
-
 # Programs of the persistent variant when there is no GPU to ask (the interpreter): small,
 # so that each program still loops over several tiles.
 _CPU_PROGRAMS = 4
@@ -93,42 +86,11 @@ def _expert_rows(offs_ptr, E, E_PAD: tl.constexpr):
 
 
 @triton.jit
-def _balance_plan(e_idx, E, nblk, has_tail, P, NN):
-    """BALANCE's order: for each expert with a tail piece, its index among the expert's
-    blocks. With a fixed stride of P programs over m-blocks of NN tiles each (GROUP_M=1),
-    where NN divides P, the m-block at table position m goes to the NN programs of
-    residue m mod (P / NN). Experts in order, each tail goes to the residue, among those
-    its blocks reach, whose programs have the most work so far (the first on ties), in
-    integer hundredths of a tile (``_TAIL_SAVING``). Elsewhere (NN not dividing P, or
-    more residues than ``_BALANCE_SLOTS``) every tail stays last."""
-    R = P // NN
-    ok = (P % NN == 0) & (R <= _BALANCE_SLOTS)
-    R = tl.maximum(R, 1)
-    q = tl.arange(0, _BALANCE_SLOTS)
-    total = tl.sum(nblk, 0)
-    work = 100 * (total // R + (q < total % R).to(tl.int32))
-    work = tl.where(q < R, work, -(1 << 30))
-    k_tail = nblk - 1
-    start = 0
-    for e in range(E):
-        mine = e_idx == e
-        n_e = tl.sum(tl.where(mine, nblk, 0), 0)
-        tail = tl.sum(tl.where(mine & has_tail, 1, 0), 0) > 0
-        reach = ((q - start) % R + R) % R < n_e
-        best = tl.argmax(tl.where(reach, work, -(1 << 30)), 0)
-        take = tail & ok
-        work = tl.where((q == best) & take, work - _TAIL_SAVING, work)
-        k_tail = tl.where(mine & take, ((best - start) % R + R) % R, k_tail)
-        start += n_e
-    return k_tail
-
-
-@triton.jit
 def _block_table_kernel(
     offs_ptr, table_ptr, E, NB,
     E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_SPLIT: tl.constexpr,
     TAIL_WINDOW: tl.constexpr, CHUNK: tl.constexpr, TAIL_FINE: tl.constexpr = 0,
-    TALL: tl.constexpr = 0, BALANCE: tl.constexpr = 0, P=1, NN=1,
+    TALL: tl.constexpr = 0,
 ):
     """BLOCK_TABLE=1's first launch: for each of the NB virtual m-blocks (an upper bound),
     its expert (-1 past the real blocks), first row, the expert's end row and its height
@@ -157,11 +119,7 @@ def _block_table_kernel(
 
     With TALL (the warp-specialized engine's TALL_TILE), an expert's rows first become
     tiles of one and a half blocks (class TALL_CLASS), the last of them taking a remainder
-    of over one block; what is left (at most one block) is split as above.
-
-    With BALANCE (TAIL_SPLIT=1, no window or tall tiles), each expert's tail piece moves
-    among its own blocks so that ``P`` programs walking the tiles at a fixed stride, NN
-    n-tiles per m-block, get equal work (see ``_balance_plan``)."""
+    of over one block; what is left (at most one block) is split as above."""
     e_idx, starts, ends = _expert_rows(offs_ptr, E, E_PAD)
     GRAIN: tl.constexpr = BLOCK_M >> TAIL_SPLIT
     STEP: tl.constexpr = BLOCK_M + (BLOCK_M >> 1) * TALL
@@ -186,10 +144,6 @@ def _block_table_kernel(
         left = ends - base - full * BLOCK_M - (pieces >> 1) * (2 * GRAIN)
         for f in tl.static_range(1, TAIL_FINE + 1):
             h_last += (left <= (GRAIN >> f)).to(tl.int32)
-
-    k_tail = nblk - 1  # where each expert's tail piece goes among its blocks: last
-    if BALANCE:
-        k_tail = _balance_plan(e_idx, E, nblk, pieces > 0, P, NN)
 
     in_win = e_idx >= E - TAIL_WINDOW
     out_blk = tl.where(in_win, 0, nblk)
@@ -219,16 +173,6 @@ def _block_table_kernel(
         seg = tl.where(in_win, w_pos + tl.cumsum(w_n, 0) - w_n, nxt)
         j = b[:, None] - seg[None, :]  # the block's index within the segment
         hit = (j >= 0) & (j < n_c[None, :])
-        if BALANCE:
-            # The expert's blocks in one run (no window): its tail piece at k_tail, the
-            # full blocks around it. A segment starts at the expert's first block.
-            j = b[:, None] - (nxt - (c > 0) * n_full)[None, :]
-            at_tail = (pieces > 0)[None, :] & (j == k_tail[None, :])
-            if c == 0:
-                hit = (j >= 0) & (j < nblk[None, :]) & ~at_tail
-                j -= (j > k_tail[None, :]) & (pieces > 0)[None, :]
-            else:
-                hit = at_tail
         if c < 0:
             first = starts[None, :] + j * STEP
         elif c == 0:
@@ -801,7 +745,6 @@ class GroupedGemm(Launches, Kernel):
         "TAIL_FINE": 0,
         "DIRECT_STORE": 0,
         "TALL_TILE": 0,
-        "BALANCE": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -894,8 +837,7 @@ class GroupedGemm(Launches, Kernel):
                 {"E_PAD": e_pad, "BLOCK_M": bm, "TAIL_SPLIT": tail_split,
                  "TAIL_WINDOW": int(cfg["TAIL_WINDOW"]), "CHUNK": chunk,
                  "TAIL_FINE": tail_fine, "TALL": int(cfg["TALL_TILE"]),
-                 "BALANCE": int(cfg["BALANCE"]), "P": num_progs,
-                 "NN": triton.cdiv(N, bn), "num_warps": 4},
+                 "num_warps": 4},
             ))  # fmt: skip
 
         launch_kw: dict[str, Any] = {
@@ -1060,30 +1002,6 @@ class GroupedGemm(Launches, Kernel):
         if triton.cdiv(int(shape["K"]), int(cfg["BLOCK_K"])) < int(cfg["num_stages"]):
             return (f"GLUON: K={shape['K']} has fewer than num_stages={cfg['num_stages']} "
                     f"steps of BLOCK_K={cfg['BLOCK_K']}")
-        return None
-
-    @staticmethod
-    def _check_balance(cfg: Config, shape: Shape, device: DeviceSpec) -> str | None:
-        """BALANCE's limits: it orders one tail piece per expert (TAIL_SPLIT=1) in the
-        table, for engines that walk the table's m-blocks at a fixed stride of one program
-        per SM (PERSISTENT, GROUP_M=1, not a counter), where the n-tiles divide the SMs
-        (so that an m-block's tiles go to one residue's programs)."""
-        bal = int(cfg["BALANCE"])
-        if bal not in (0, 1):
-            return f"BALANCE={bal}: 0 or 1"
-        if not bal:
-            return None
-        if not (int(cfg["BLOCK_TABLE"]) and int(cfg["PERSISTENT"])
-                and int(cfg["TAIL_SPLIT"]) == 1 and int(cfg["GROUP_M"]) == 1):
-            return "BALANCE=1 needs BLOCK_TABLE=1, PERSISTENT=1, TAIL_SPLIT=1 and GROUP_M=1"
-        if int(cfg["GLUON"]) in (2, 4) or int(cfg["TAIL_WINDOW"]) or int(cfg["TALL_TILE"]):
-            return ("BALANCE=1: not with tiles from a counter (GLUON=2 / 4), TAIL_WINDOW or "
-                    "TALL_TILE")
-        nn = triton.cdiv(int(shape["N"]), int(cfg["BLOCK_N"]))
-        sms = _CPU_PROGRAMS if device.interpreted else device.sm_count
-        if sms % nn or sms // nn > _BALANCE_SLOTS.value:
-            return (f"BALANCE=1: {nn} n-tiles do not divide this GPU's {sms} programs into "
-                    f"at most {_BALANCE_SLOTS.value} residues")
         return None
 
     @staticmethod
@@ -1267,9 +1185,6 @@ class GroupedGemm(Launches, Kernel):
             return f"TALL_TILE={cfg['TALL_TILE']}: 0 or 1"
         if int(cfg["TALL_TILE"]) and int(cfg["GLUON"]) < 3:
             return "TALL_TILE=1 needs GLUON=3 or 4 (the warp-specialized engine)"
-        balance = self._check_balance(cfg, shape, device)
-        if balance:
-            return balance
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

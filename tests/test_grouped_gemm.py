@@ -110,10 +110,6 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         # Fine pieces of the quarter tiles, in the TMA kernel (tested below).
         assert "TAIL_SPLIT=2" in KERNEL.check_config(config, shape, H100)
         config.update(USE_TMA=1, TAIL_SPLIT=2, BLOCK_TABLE=1, BLOCK_M=64 << value)
-    if name == "BALANCE" and value:
-        # Orders the table's tails for fixed-stride persistent programs (tested below).
-        assert "BALANCE=1 needs" in KERNEL.check_config(config, shape, H100)
-        config.update(BLOCK_TABLE=1, PERSISTENT=1, TAIL_SPLIT=1, GROUP_M=1)
     if name == "TAIL_WINDOW" and value:
         # The window orders the table's split tails (tested below).
         assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
@@ -516,48 +512,17 @@ def test_tail_split_halves(use_tma: int, persistent: int, tma_store: int, n: int
     assert out.shape == (sum(counts), n)
 
 
-def _balance_reference(nblk: list[int], has_tail: list[bool], programs: int,
-                       n_tiles: int) -> list[int]:
-    """BALANCE's plan in plain Python: each tail piece's index among its expert's blocks
-    (``nblk``: blocks per expert), dealt to the fixed-stride residue with the most work
-    so far among those the expert's blocks reach (the first on ties), in hundredths of a
-    tile, a tail saving 29; every tail last where the n-tiles do not divide the
-    programs."""
-    slots = programs // n_tiles
-    if programs % n_tiles or slots > 128:
-        return [n - 1 for n in nblk]
-    total = sum(nblk)
-    work = [100 * (total // slots + (q < total % slots)) for q in range(slots)]
-    plan, start = [n - 1 for n in nblk], 0
-    for e, n in enumerate(nblk):
-        if has_tail[e]:
-            best = max((q for q in range(slots) if (q - start) % slots < n),
-                       key=lambda q: (work[q], -q))
-            work[best] -= 29
-            plan[e] = (best - start) % slots
-        start += n
-    return plan
-
-
 def _table_reference(counts: list[int], bm: int, split: int, window: int = 0,
-                     fine: int = 0, tall: int = 0,
-                     balance: tuple[int, int] | None = None) -> list[tuple[int, int, int]]:
+                     fine: int = 0, tall: int = 0) -> list[tuple[int, int, int]]:
     """(expert, first row, height) of every block the table should list, in order: expert
     by expert, except the last ``window`` experts' blocks, which come after all others
     ordered by class (full, half, quarter: tallest first), then by expert. With
     ``fine``, an expert's smallest piece is the smallest of grain, grain/2, ...,
     grain/2**fine rows that holds its real rows (it keeps its class's place). With
     ``tall``, an expert's rows first go in tiles of 1.5 blocks, the last of them taking
-    a remainder of more than a block (class -1: before the full blocks). With
-    ``balance`` (programs, n-tiles), TAIL_SPLIT=1's tail piece of each expert moves among
-    its blocks as ``_balance_reference`` plans."""
+    a remainder of more than a block (class -1: before the full blocks)."""
     grain, rows, out, last = bm >> split, 0, [], []
     step = bm + bm // 2
-    plan = None
-    if balance:
-        per = [_table_reference([c], bm, split) for c in counts]
-        plan = _balance_reference([len(b) for b in per],
-                                  [any(h < bm for _, _, h in b) for b in per], *balance)
     for e, c in enumerate(counts):
         n_tall = 0
         if tall:
@@ -580,8 +545,6 @@ def _table_reference(counts: list[int], bm: int, split: int, window: int = 0,
                             height //= 2
                     blocks.append((e, pos, height, split - k))
                     pos += grain << k
-        if plan is not None and blocks and blocks[-1][3] > 0:
-            blocks.insert(plan[e], blocks.pop())
         (last if e >= len(counts) - window else out).extend(blocks)
         rows += c
     # sorted() is stable: within a class, expert order and row order stay.
@@ -638,60 +601,6 @@ def test_block_table_contents(split: int, window: int, fine: int, tall: int) -> 
         coarse = _table_reference(counts, bm, split, window, 0, tall)
         assert {bm >> (split + f) for f in range(1, fine + 1)} <= {h for _, _, h in want}
         assert rows < sum(h for _, _, h in coarse) and len(want) == len(coarse)
-
-
-@pytest.mark.parametrize("n,fine", [(32, 0), (64, 0), (96, 0), (32, 2), (64, 1)])
-def test_block_table_balance(n: int, fine: int) -> None:
-    """BALANCE: each expert's tail piece moves among its own blocks as the plain-Python
-    plan says (the CPU's 4 programs over n / 32 n-tiles: 4, 2 residues, or none where 3
-    n-tiles do not divide 4 programs, when every tail stays last); the rows and heights
-    are the unbalanced table's, in another order."""
-    counts = [0, 1, 16, 17, 48, 49, 63, 64, 65, 0, 200, 128, 127, 0, 300, 40, 95, 160, 33]
-    bm = 64
-    inputs = make_grouped_inputs(counts, n, 32, "fp32", seed=2, device="cpu")
-    config = {"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 32, "BLOCK_TABLE": 1, "PERSISTENT": 1,
-              "TAIL_SPLIT": 1, "TAIL_FINE": fine, "USE_TMA": int(fine > 0), "BALANCE": 1}
-    launches, _ = KERNEL._launches(inputs, config)
-    launches[0]()
-    table, nb = launches[0].args[1], launches[0].args[3]
-    programs, n_tiles = launches[0].meta["P"], launches[0].meta["NN"]
-    assert (programs, n_tiles) == (grouped_gemm._CPU_PROGRAMS, n // 32)
-    want = _table_reference(counts, bm, 1, fine=fine, balance=(programs, n_tiles))
-    got = list(zip(table[:len(want)].tolist(), table[nb:nb + len(want)].tolist(),
-                   [bm >> h for h in table[3 * nb:3 * nb + len(want)].tolist()], strict=True))
-    assert got == want
-    plain = _table_reference(counts, bm, 1, fine=fine)
-    assert sorted(got) == sorted(plain)
-    if programs % n_tiles:
-        assert got == plain
-
-
-def _stride_excess(heights: list[int], bm: int, programs: int, n_tiles: int) -> float:
-    """The busiest fixed-stride program's work over the mean (a tail tile at 0.71)."""
-    costs = [1.0 if h == bm else 0.71 for h in heights for _ in range(n_tiles)]
-    loads = [sum(costs[p::programs]) for p in range(programs)]
-    return max(loads) / (sum(loads) / programs) - 1
-
-
-def test_balance_evens_the_moe_routing() -> None:
-    """At the MoE shape (132 SMs, 11 n-tiles: 12 residues) the table kernel's balanced
-    order leaves the busiest program 0.3 % above the mean where the plain order leaves
-    2.8 % (session 21, H200 call 6: the ratio to dense cuBLAS followed that excess)."""
-    shape = KERNEL.shapes["deepseek-v3-16b"]
-    counts = GroupedGemm.routing_counts(shape, 0)
-    inputs = make_grouped_inputs(counts, 8, 8, "fp32", seed=0, device="cpu")
-    excess = {}
-    for bal in (0, 1):
-        config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "BLOCK_TABLE": 1,
-                  "PERSISTENT": 1, "TAIL_SPLIT": 1, "BALANCE": bal}
-        launch = KERNEL._launches(inputs, config)[0][0]
-        launch.meta.update(P=132, NN=11)
-        launch()
-        table, nb = launch.args[1], launch.args[3]
-        n = int(table[4 * nb])
-        excess[bal] = _stride_excess([128 >> h for h in table[3 * nb:3 * nb + n].tolist()],
-                                     128, 132, 11)
-    assert excess[0] > 0.025 and excess[1] < 0.004, excess
 
 
 @pytest.mark.parametrize("use_tma,persistent,split,window", [

@@ -86,10 +86,6 @@ CONFIGS = [
      "TMA_STORE": 1, "SWAP_AB": 1},
     {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
      "SWAP_AB": 1},
-    # Tails placed to even the fixed-stride programs' work (BALANCE), transposed or not.
-    {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1,
-     "BALANCE": 1},
-    {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "BALANCE": 1},
     # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
     # registers, tiles from the counter.
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
@@ -178,13 +174,6 @@ def test_pruning_warp_specialized() -> None:
                                                                         H100)
     assert "accumulator registers" in KERNEL.check_config({**tall, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=3 or 4" in KERNEL.check_config({**CONFIGS[0], "TALL_TILE": 1}, MOE, H100)
-    # BALANCE: fixed-stride programs only, and 11 n-tiles dividing 132 SMs.
-    bal = {**cfg, "GLUON": 3, "GROUP_M": 1, "TAIL_SPLIT": 1, "BALANCE": 1}
-    assert KERNEL.check_config(bal, MOE, H100) is None
-    assert "counter" in KERNEL.check_config({**bal, "GLUON": 4}, MOE, H100)
-    assert "TAIL_SPLIT=1" in KERNEL.check_config({**bal, "TAIL_SPLIT": 2}, MOE, H100)
-    assert "do not divide" in KERNEL.check_config(bal, MOE,
-                                                  dataclasses.replace(H100, sm_count=114))
     assert "0 or 1" in KERNEL.check_config({**tall, "TALL_TILE": 2}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 2},

@@ -13,12 +13,7 @@ and from the counter. If the stride's times follow the excess, a balanced static
 is worth building; if not, the power cap evens it out (idle SMs let the others clock
 up, as session 14 found for part-filled waves).
 
-    python3 benchmarks/device/diag_grouped_balance.py [--rounds 5] [--rep 100] [--json F] \
-        [--study orders|balance] [--keep 3]
-
-Study ``balance``: BALANCE=1 (the block table places each expert's tail among its blocks
-so that the fixed-stride programs' work is even) against the plain order, on the
-harness's log-normal routing, its worst-balanced permutation and the uniform routing.
+    python3 benchmarks/device/diag_grouped_balance.py [--rounds 5] [--rep 100] [--json F]
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from __future__ import annotations
 import random
 
 from benchmarks.device.diag_grouped_pingpong import pingpong
-from benchmarks.device.diag_grouped_steady import SHAPE, dump_pairs, timing_args, uniform_counts
+from benchmarks.device.diag_grouped_steady import SHAPE, dump_pairs, timing_args
 from benchmarks.device.diag_grouped_waves import pairs
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
 
@@ -66,29 +61,15 @@ def permutations(counts: list[int], tries: int = 4000, keep: int = 3,
 
 
 def main() -> None:
-    ap = timing_args(study="orders")
-    ap.add_argument("--keep", type=int, default=3)
-    args = ap.parse_args()
+    args = timing_args().parse_args()
     fam = GroupedGemm()
     N, K = SHAPE["N"], SHAPE["K"]
-    routings = permutations(GroupedGemm.routing_counts(SHAPE, 0), keep=args.keep)
-    if args.study == "balance":
-        routings = dict(list(routings.items())[:1] + list(routings.items())[-1:])
-        routings["uniform"] = uniform_counts(SHAPE["M"], SHAPE["E"], 2)
+    routings = permutations(GroupedGemm.routing_counts(SHAPE, 0))
     problems = {name: (make_grouped_inputs(counts, N, K, "bf16", seed=i, device="cuda"),
                        SHAPE) for i, (name, counts) in enumerate(routings.items())}
     swap = pingpong(num_stages=5, SWAP_AB=1)
     cfgs = {"ping-pong s5 SWAP_AB, stride": swap,
             "ping-pong s5 SWAP_AB, counter": {**swap, "GLUON": 4}}
-    if args.study == "balance":
-        cfgs = {"ping-pong s5 SWAP_AB": swap,
-                "ping-pong s5 SWAP_AB BALANCE": {**swap, "BALANCE": 1},
-                "ping-pong s5 SWAP_AB one tail BALANCE": {**swap, "BALANCE": 1,
-                                                          "TAIL_FINE": 2},
-                "ping-pong s5 BALANCE": {**swap, "SWAP_AB": 0, "BALANCE": 1},
-                "ping-pong s4 SWAP_AB BALANCE, no TMA store": {
-                    **swap, "BALANCE": 1, "num_stages": 4, "TMA_STORE": 0},
-                "ping-pong s5 SWAP_AB (again)": swap}
     times, ratios, dense_ms = pairs(fam, problems, cfgs, args.rounds, args.rep)
     if args.json:
         dump_pairs(args.json, times, ratios, dense_ms, {}, configs=cfgs)
