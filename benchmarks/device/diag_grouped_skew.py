@@ -90,8 +90,8 @@ def main() -> None:
     routings = block_routings()
     if args.study == "coop":
         cfgs = coop_configs()
-        routings = {k: v for k, v in routings.items() if "2 or 4" not in k and "1 or 5" not in k}
-        routings.update(wave_routings())
+        keep = ("blocks 3 each (balanced)", "blocks as log-normal (0-15)")
+        routings = {k: routings[k] for k in keep} | wave_routings()
     N, K = SHAPE["N"], SHAPE["K"]
     problems = {name: (make_grouped_inputs(counts, N, K, "bf16", seed=i, device="cuda"),
                        {**SHAPE, "M": sum(counts)})
