@@ -84,10 +84,74 @@ def _receive(handoff, cid: gl.constexpr, i, CW: gl.constexpr):
 
 
 @gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _expert_blocks(offs_ptr, E, BM: gl.constexpr, TAIL_SPLIT: gl.constexpr,
+                   E_PAD: gl.constexpr, CW: gl.constexpr):
+    """INLINE's per-expert view of the routing, what the block table would list: each
+    expert's (index, first row, end row, first m-block, m-blocks, whether its last block
+    is a half one), as E_PAD-long vectors (the padding empty), whole in every warp of the
+    CW that hold them (so that their reductions stay within a warp)."""
+    lay: gl.constexpr = gl.BlockedLayout([E_PAD // 32], [32], [CW], [0])
+    e = gl.arange(0, E_PAD, layout=lay)
+    starts = gl.load(offs_ptr + e, mask=e < E, other=0)
+    ends = gl.load(offs_ptr + e + 1, mask=e < E, other=0)
+    full = (ends - starts) // BM
+    rem = ends - starts - full * BM
+    nblk = full + (rem > 0).to(gl.int32)
+    if TAIL_SPLIT == 1:
+        # A remainder of at most half a block is a half tile (class 1).
+        half = (rem > 0) & (rem <= BM // 2)
+    else:
+        half = rem < 0
+    first = gl.associative_scan(nblk, 0, _add) - nblk
+    return e, starts, ends, first, nblk, half
+
+
+@gluon.jit
+def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
+                      BM: gl.constexpr):
+    """``_tile_info`` without the table: the tile's m-block in the same grouped order,
+    its expert the last non-empty one whose first m-block is at or before it."""
+    e, starts, ends, first, nblk, half = blocks
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile // in_group) * GROUP_M
+    size_m = gl.maximum(gl.minimum(num_pid_m - first_m, GROUP_M), 1)
+    pid_m = first_m + (tile % in_group) % size_m
+    pid_n = (tile % in_group) // size_m
+    pid_m = gl.maximum(gl.minimum(pid_m, num_pid_m - 1), 0)
+    expert = gl.max(gl.where((first <= pid_m) & (nblk > 0), e, -1), 0)
+    mine = e == expert
+    j = pid_m - gl.sum(gl.where(mine, first, 0), 0)
+    m0 = gl.sum(gl.where(mine, starts, 0), 0) + j * BM
+    row_end = gl.sum(gl.where(mine, ends, 0), 0)
+    last_half = gl.sum(gl.where(mine & half, nblk, 0), 0)  # its block count, if half
+    h = (j + 1 == last_half).to(gl.int32)
+    return expert, m0, row_end, pid_n, h
+
+
+@gluon.jit
+def _tile_of(tile, sched, blocks, GROUP_M: gl.constexpr, BM: gl.constexpr,
+             INLINE: gl.constexpr):
+    """(expert, first row, the expert's end row, n-tile, height class) of ``tile``: from
+    the block table, or with INLINE from the experts' vectors."""
+    total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
+    if INLINE:
+        info = _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M, BM)
+    else:
+        info = _tile_info(tile, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M)
+    return info
+
+
+@gluon.jit
 def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
               TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr, DYNAMIC: gl.constexpr,
-              NC: gl.constexpr, TALL: gl.constexpr, TALL_CLASS: gl.constexpr):
+              NC: gl.constexpr, TALL: gl.constexpr, TALL_CLASS: gl.constexpr,
+              INLINE: gl.constexpr, E_PAD: gl.constexpr):
     """TMA loads of every K step of this program's tiles into the ring, in tile order;
     a slot is refilled once its consumer's wgmma has released it. With DYNAMIC the tiles
     come from the table's counter (the first is the program's id), and each id goes to
@@ -95,6 +159,9 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
     A tall tile's slot takes a block of A and the half block after it."""
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
     a_boxes, w_desc, ready, empty, a_bufs, w_bufs, a2_bufs = ring
+    blocks = 0
+    if INLINE:
+        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, 1)
     p = 0
     j = 0
     tile = pid
@@ -103,8 +170,7 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
             _send(handoff, j, tile, NC)
         # Taken a tile ahead: the atomic's round trip hides under this tile's loads.
         nxt = _next_tile(tile, counter_ptr, P, DYNAMIC)
-        expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
-                                                   num_pid_n, GROUP_M)
+        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE)
         w_row = expert * N + pid_n * BN
         for kk in range(k_tiles):
             s = p % STAGES
@@ -253,7 +319,8 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
               GROUP_M: gl.constexpr, TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr,
               TMA_STORE: gl.constexpr, DYNAMIC: gl.constexpr, NC: gl.constexpr,
               CW: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr,
-              TALL: gl.constexpr, TALL_CLASS: gl.constexpr):
+              TALL: gl.constexpr, TALL_CLASS: gl.constexpr, INLINE: gl.constexpr,
+              E_PAD: gl.constexpr):
     """Consumer ``cid`` of NC: this program's tiles number cid, cid + NC, ... (their
     ids at a fixed stride, or from the producer with DYNAMIC). With two, its i-th tile
     starts once the other consumer has taken its tile before (consumer 0's first waits
@@ -261,14 +328,16 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
     c_buf = c_bufs.index(cid)
     my_turn = turn.index(cid)
+    blocks = 0
+    if INLINE:
+        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, CW)
     i = 0
     if DYNAMIC:
         tile = _receive(handoff, cid, 0, CW)
     else:
         tile = pid + cid * P
     while tile < total:
-        expert, m0, row_end, pid_n, h = _tile_info(tile, table_ptr, NB, num_pid_m,
-                                                   num_pid_n, GROUP_M)
+        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE)
         if NC == 2:
             mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
         base = (NC * i + cid) * k_tiles
@@ -302,7 +371,8 @@ def grouped_gemm_gluon_ws_kernel(
     TMA_STORE: gl.constexpr,
     DYNAMIC: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr,
     TALL: gl.constexpr, TALL_CLASS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, INLINE: gl.constexpr = False,
+    E_PAD: gl.constexpr = 64,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
     module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
@@ -315,11 +385,18 @@ def grouped_gemm_gluon_ws_kernel(
     DYNAMIC: tiles from the table's counter as the producer frees up. DIRECT: outputs
     stored from registers, no staging tiles (their shared memory can go to the ring).
     SWAP_AB: every tile computed transposed (W's rows on wgmma's M side). TALL: the
-    table's class TALL_CLASS tiles are BM + BM/2 rows (ping-pong, transposed)."""
+    table's class TALL_CLASS tiles are BM + BM/2 rows (ping-pong, transposed). INLINE:
+    no block table; ``table_ptr`` is the experts' row offsets, ``NB`` their count, and
+    every partition finds each tile's expert itself (full blocks and, with TAIL_SPLIT=1,
+    a half-block tail; the table's order), which saves the table's launch."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    num_pid_m = gl.load(table_ptr + 4 * NB)
+    if INLINE:
+        num_pid_m = gl.sum(_expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD,
+                                          num_warps)[4], 0)
+    else:
+        num_pid_m = gl.load(table_ptr + 4 * NB)
     num_pid_n = gl.cdiv(N, BN)
     total = num_pid_m * num_pid_n
     k_tiles = gl.cdiv(K, BK)
@@ -365,20 +442,20 @@ def grouped_gemm_gluon_ws_kernel(
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,
-                         SWAP_AB, TALL, TALL_CLASS)),
+                         SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD)),
             (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,
-                         SWAP_AB, TALL, TALL_CLASS)),
+                         SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS)),
+                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS, INLINE, E_PAD)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, num_warps,
-                         DIRECT, SWAP_AB, TALL, TALL_CLASS)),
+                         DIRECT, SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS)),
+                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS, INLINE, E_PAD)),
         ], [1], [PRODUCER_REGS])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))

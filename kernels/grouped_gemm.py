@@ -934,13 +934,15 @@ class GroupedGemm(Launches, Kernel):
             desc(out_rows, [bm, bn], out_layout),
             desc(out_rows, [bm // 2, bn], out_layout),
             desc(out_rows, [bm // 4, bn], out_layout),
-            out, table, N, K, nb, out.stride(0),
+            # Without the table (GLUON=3, BLOCK_TABLE=0) the kernel reads the offsets and
+            # finds each tile's expert itself: the expert count instead of the table's.
+            out, table, N, K, nb if int(cfg["BLOCK_TABLE"]) else E, out.stride(0),
         )
         stages = int(cfg["num_stages"])
         if int(cfg["GLUON"]) >= 3:
             # The table's fine pieces (TAIL_FINE): boxes of an eighth and a sixteenth.
             fine = tuple(desc(a_rows, [max(bm >> f, 1), bk], a_layout) for f in (3, 4))
-            return self._gluon_ws_launch(args + fine, num_progs, cfg)
+            return self._gluon_ws_launch(args + fine, num_progs, cfg, E)
         if triton.cdiv(K, bk) < stages:
             # The consumer takes each tile from the producer, STAGES - 1 steps ahead.
             raise ValueError(f"grouped_gemm GLUON: K={K} has fewer than num_stages={stages} "
@@ -954,7 +956,7 @@ class GroupedGemm(Launches, Kernel):
         return Launch(_gluon.grouped_gemm_gluon_kernel, (num_progs,), args, meta)
 
     @staticmethod
-    def _gluon_ws_launch(args: tuple, num_progs: int, cfg: Config) -> Launch:
+    def _gluon_ws_launch(args: tuple, num_progs: int, cfg: Config, experts: int) -> Launch:
         """GLUON=3 / 4's launch, with the Gluon engine's arguments."""
         if _gluon_ws is None:
             raise RuntimeError(f"GLUON={cfg['GLUON']}: this Triton cannot warp-specialize "
@@ -966,7 +968,9 @@ class GroupedGemm(Launches, Kernel):
             "TMA_STORE": bool(int(cfg["TMA_STORE"])),
             "DYNAMIC": int(cfg["GLUON"]) == 4, "DIRECT": bool(int(cfg["DIRECT_STORE"])),
             "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": bool(int(cfg["TALL_TILE"])),
-            "TALL_CLASS": TALL_CLASS,
+            "TALL_CLASS": TALL_CLASS, "INLINE": not int(cfg["BLOCK_TABLE"]),
+            # The experts' vector of the in-kernel lookup: two a lane at least.
+            "E_PAD": max(64, _next_pow2(experts)),
             "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
             "CONSUMER_REGS": _gluon_ws.CONSUMER_REGS, "num_warps": int(cfg["num_warps"]),
         }
@@ -986,6 +990,14 @@ class GroupedGemm(Launches, Kernel):
         if not device.has_wgmma or device.interpreted:
             return f"GLUON: needs Hopper's wgmma (sm_90), not {device.key}"
         needs = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "FLATTEN": 0, "WARP_SPEC": 0}
+        if engine == 3 and not int(cfg["BLOCK_TABLE"]):
+            # The warp-specialized engine by stride can find each tile's expert itself
+            # (no table launch) where an expert's blocks are full ones and one half tail.
+            del needs["BLOCK_TABLE"]
+            if (int(cfg["TAIL_SPLIT"]) > 1 or int(cfg["TAIL_FINE"]) or int(cfg["TALL_TILE"])
+                    or int(cfg["TAIL_WINDOW"])):
+                return ("GLUON=3 with BLOCK_TABLE=0 needs TAIL_SPLIT <= 1, TAIL_FINE=0, "
+                        "TALL_TILE=0 and TAIL_WINDOW=0")
         wrong = [f"{k}={v}" for k, v in needs.items() if int(cfg[k]) != v]
         if wrong:
             return f"GLUON needs {', '.join(wrong)}"

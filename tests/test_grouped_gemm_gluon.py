@@ -86,6 +86,11 @@ CONFIGS = [
      "TMA_STORE": 1, "SWAP_AB": 1},
     {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
      "SWAP_AB": 1},
+    # No block table (GLUON=3): every partition finds its tiles' experts from the
+    # offsets; full tiles and half tails, transposed or not.
+    {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1,
+     "BLOCK_TABLE": 0},
+    {**PP, "num_stages": 4, "GROUP_M": 4, "TAIL_SPLIT": 0, "BLOCK_TABLE": 0},
     # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
     # registers, tiles from the counter.
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
@@ -174,6 +179,11 @@ def test_pruning_warp_specialized() -> None:
                                                                         H100)
     assert "accumulator registers" in KERNEL.check_config({**tall, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=3 or 4" in KERNEL.check_config({**CONFIGS[0], "TALL_TILE": 1}, MOE, H100)
+    # No table: GLUON=3 with full tiles and half tails only.
+    inline = {**cfg, "GLUON": 3, "TAIL_SPLIT": 1, "TAIL_FINE": 0, "BLOCK_TABLE": 0}
+    assert KERNEL.check_config(inline, MOE, H100) is None
+    assert "BLOCK_TABLE=1" in KERNEL.check_config({**inline, "GLUON": 4}, MOE, H100)
+    assert "TAIL_SPLIT <= 1" in KERNEL.check_config({**inline, "TAIL_SPLIT": 2}, MOE, H100)
     assert "0 or 1" in KERNEL.check_config({**tall, "TALL_TILE": 2}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 2},
@@ -219,9 +229,9 @@ def sm90_features(configs: list[dict]) -> list[dict]:
     out = []
     for config in configs:
         launches, _ = KERNEL._launches(inputs, config)
-        ptx = compile_sm90(launches[1], GluonASTSource).asm["ptx"]
+        ptx = compile_sm90(launches[-1], GluonASTSource).asm["ptx"]
         out.append({
-            "launches": [lc.fn.__name__ for lc in launches], "grid": list(launches[1].grid),
+            "launches": [lc.fn.__name__ for lc in launches], "grid": list(launches[-1].grid),
             "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)",
                                            ptx))),
             "tma_load": bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx)),
@@ -260,7 +270,9 @@ def test_compiles_for_sm90_without_a_gpu(i: int, compiled_sm90: list[dict]) -> N
     assert KERNEL.check_config(config, MOE, H100) is None
     got = compiled_sm90[i]
     kernel = "grouped_gemm_gluon_ws_kernel" if i in WS else "grouped_gemm_gluon_kernel"
-    assert got["launches"] == ["_block_table_kernel", kernel]
+    # BLOCK_TABLE=0 (GLUON=3): the kernel finds each tile's expert itself, one launch.
+    table = ["_block_table_kernel"] if config.get("BLOCK_TABLE", 1) else []
+    assert got["launches"] == [*table, kernel]
     assert got["grid"] == [4]  # one program per SM; the CPU stands in with 4
     assert got["wgmma"] and got["tma_load"]
     assert got["tma_store"] == bool(config.get("TMA_STORE"))

@@ -9,7 +9,7 @@ pipe's idle time around tile boundaries: this kernel overlaps one consumer's sto
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
     python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
-        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall]
+        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|inline]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
@@ -19,7 +19,8 @@ last (``window_configs``). Study ``coop``: one consumer of two warp groups
 Study ``direct``: outputs stored from registers (``direct_configs``). Study ``swap``:
 every tile transposed (``swap_configs``). Study ``tails``: transposed tiles with each
 expert's tail in one piece (``tail_configs``). Study ``tall``: ping-pong tiles of 1.5
-blocks (``tall_configs``).
+blocks (``tall_configs``). Study ``inline``: no block table launch
+(``inline_configs``).
 """
 
 from __future__ import annotations
@@ -184,6 +185,19 @@ def tall_configs() -> dict[str, dict]:
             "ping-pong s5 SWAP_AB one tail (again)": swap}
 
 
+def inline_configs() -> dict[str, dict]:
+    """Study ``inline`` (session 21): GLUON=3 with BLOCK_TABLE=0, every partition finding
+    its tiles' experts from the offsets, so a call is one launch, not the table's and the
+    GEMM's (``probe_table_share.py``, H200 call 9: the table launch added 11 us, 2.4 %,
+    to a 470 us call)."""
+    swap = pingpong(num_stages=5, SWAP_AB=1)
+    return {"ping-pong s5 SWAP_AB": swap,
+            "ping-pong s5 SWAP_AB, no table": {**swap, "BLOCK_TABLE": 0},
+            "ping-pong s5, no table": {**swap, "SWAP_AB": 0, "BLOCK_TABLE": 0},
+            "ping-pong s5 SWAP_AB (again)": swap,
+            "ping-pong s5 SWAP_AB, no table (again)": {**swap, "BLOCK_TABLE": 0}}
+
+
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
     and the transposed ping-pong (ping-pong s5 twice: the run's noise floor)."""
@@ -213,6 +227,9 @@ def main() -> None:
         cfgs = tail_configs()
     elif args.study == "tall":
         cfgs = tall_configs()
+    elif args.study == "inline":
+        cfgs = inline_configs()
+        del problems["balanced"]
     elif args.study in ("grid", "window", "fine"):
         cfgs = {"grid": grid_configs, "window": window_configs,
                 "fine": fine_configs}[args.study]()
