@@ -191,7 +191,9 @@ def inline_configs() -> dict[str, dict]:
     GEMM's (``probe_table_share.py``, H200 call 9: the table launch added 11 us, 2.4 %,
     to a 470 us call)."""
     swap = pingpong(num_stages=5, SWAP_AB=1)
-    return {"ping-pong s5 SWAP_AB": swap,
+    pack = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
+    return {f"this GPU's pack ({pack.source})": dict(pack.config),
+            "ping-pong s5 SWAP_AB": swap,
             "ping-pong s5 SWAP_AB, no table": {**swap, "BLOCK_TABLE": 0},
             "ping-pong s5, no table": {**swap, "SWAP_AB": 0, "BLOCK_TABLE": 0},
             "ping-pong s5 SWAP_AB (again)": swap,
