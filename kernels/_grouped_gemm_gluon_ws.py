@@ -134,11 +134,40 @@ def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
 
 
 @gluon.jit
+def _dealt(slot, blocks, total, P, num_pid_n):
+    """DEAL's tile for a program's ``slot`` (wave ``slot // P``, place ``slot % P``): the
+    same P tiles each wave as the fixed stride, the wave's half tiles given to the places
+    after those the waves before gave theirs, round-robin, and its full tiles to the rest.
+    Every program then gets as many half tiles as any other, give or take one, where the
+    stride gives a place the half tiles of its one residue (GROUP_M=1: the tiles of an
+    expert's half block are one run of num_pid_n)."""
+    e, starts, ends, first, nblk, half = blocks
+    w0 = (slot // P) * P
+    size = gl.minimum(P, total - w0)
+    seg = (first + nblk - 1) * num_pid_n  # each half block's first tile
+    dealt_before = gl.sum(gl.where(half, gl.minimum(gl.maximum(w0 - seg, 0), num_pid_n), 0), 0)
+    lo = gl.maximum(seg, w0)
+    run = gl.where(half, gl.maximum(gl.minimum(seg + num_pid_n, w0 + size) - lo, 0), 0)
+    halves = gl.sum(run, 0)
+    pre = gl.associative_scan(run, 0, _add) - run  # the wave's half tiles before each run
+    d = (slot - w0 - dealt_before % size + size) % size
+    in_run = (run > 0) & (pre <= d) & (d < pre + run)
+    t_half = gl.sum(gl.where(in_run, lo + d - pre, 0), 0)
+    # The f-th of the wave's full tiles: skip every run of half tiles before it.
+    f = d - halves
+    t_full = w0 + f + gl.sum(gl.where((run > 0) & (lo - w0 - pre <= f), run, 0), 0)
+    return t_full + (d < halves).to(gl.int32) * (t_half - t_full)
+
+
+@gluon.jit
 def _tile_of(tile, sched, blocks, GROUP_M: gl.constexpr, BM: gl.constexpr,
-             INLINE: gl.constexpr):
+             INLINE: gl.constexpr, DEAL: gl.constexpr):
     """(expert, first row, the expert's end row, n-tile, height class) of ``tile``: from
-    the block table, or with INLINE from the experts' vectors."""
+    the block table, or with INLINE from the experts' vectors (with DEAL, ``tile`` is a
+    program's slot, see ``_dealt``)."""
     total, k_tiles, P, table_ptr, NB, N, num_pid_m, num_pid_n, counter_ptr = sched
+    if DEAL:
+        tile = _dealt(tile, blocks, total, P, num_pid_n)
     if INLINE:
         info = _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M, BM)
     else:
@@ -151,7 +180,7 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
               BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
               TAIL_SPLIT: gl.constexpr, TAIL_FINE: gl.constexpr, DYNAMIC: gl.constexpr,
               NC: gl.constexpr, TALL: gl.constexpr, TALL_CLASS: gl.constexpr,
-              INLINE: gl.constexpr, E_PAD: gl.constexpr):
+              INLINE: gl.constexpr, E_PAD: gl.constexpr, DEAL: gl.constexpr):
     """TMA loads of every K step of this program's tiles into the ring, in tile order;
     a slot is refilled once its consumer's wgmma has released it. With DYNAMIC the tiles
     come from the table's counter (the first is the program's id), and each id goes to
@@ -170,7 +199,7 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
             _send(handoff, j, tile, NC)
         # Taken a tile ahead: the atomic's round trip hides under this tile's loads.
         nxt = _next_tile(tile, counter_ptr, P, DYNAMIC)
-        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE)
+        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE, DEAL)
         w_row = expert * N + pid_n * BN
         for kk in range(k_tiles):
             s = p % STAGES
@@ -320,7 +349,7 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
               TMA_STORE: gl.constexpr, DYNAMIC: gl.constexpr, NC: gl.constexpr,
               CW: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr,
               TALL: gl.constexpr, TALL_CLASS: gl.constexpr, INLINE: gl.constexpr,
-              E_PAD: gl.constexpr):
+              E_PAD: gl.constexpr, DEAL: gl.constexpr):
     """Consumer ``cid`` of NC: this program's tiles number cid, cid + NC, ... (their
     ids at a fixed stride, or from the producer with DYNAMIC). With two, its i-th tile
     starts once the other consumer has taken its tile before (consumer 0's first waits
@@ -337,7 +366,7 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
     else:
         tile = pid + cid * P
     while tile < total:
-        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE)
+        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE, DEAL)
         if NC == 2:
             mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
         base = (NC * i + cid) * k_tiles
@@ -372,7 +401,7 @@ def grouped_gemm_gluon_ws_kernel(
     DYNAMIC: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr,
     TALL: gl.constexpr, TALL_CLASS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, INLINE: gl.constexpr = False,
-    E_PAD: gl.constexpr = 64,
+    E_PAD: gl.constexpr = 64, DEAL: gl.constexpr = False,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
     module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
@@ -388,7 +417,9 @@ def grouped_gemm_gluon_ws_kernel(
     table's class TALL_CLASS tiles are BM + BM/2 rows (ping-pong, transposed). INLINE:
     no block table; ``table_ptr`` is the experts' row offsets, ``NB`` their count, and
     every partition finds each tile's expert itself (full blocks and, with TAIL_SPLIT=1,
-    a half-block tail; the table's order), which saves the table's launch."""
+    a half-block tail; the table's order), which saves the table's launch. DEAL (with
+    INLINE, GROUP_M=1, a fixed stride): each wave's half tiles dealt round-robin across
+    the programs (``_dealt``)."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
@@ -442,20 +473,20 @@ def grouped_gemm_gluon_ws_kernel(
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,
-                         SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD)),
+                         SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD, DEAL)),
             (_consumer, (pid, 1, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,
-                         SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD)),
+                         SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD, DEAL)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS, INLINE, E_PAD)),
+                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS, INLINE, E_PAD, DEAL)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, num_warps,
-                         DIRECT, SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD)),
+                         DIRECT, SWAP_AB, TALL, TALL_CLASS, INLINE, E_PAD, DEAL)),
             (_producer, (pid, sched, ring, handoff, BM, BN, BK, STAGES, GROUP_M, TAIL_SPLIT,
-                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS, INLINE, E_PAD)),
+                         TAIL_FINE, DYNAMIC, NC, TALL, TALL_CLASS, INLINE, E_PAD, DEAL)),
         ], [1], [PRODUCER_REGS])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))

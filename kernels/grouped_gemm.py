@@ -745,6 +745,7 @@ class GroupedGemm(Launches, Kernel):
         "TAIL_FINE": 0,
         "DIRECT_STORE": 0,
         "TALL_TILE": 0,
+        "TAIL_DEAL": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -969,6 +970,7 @@ class GroupedGemm(Launches, Kernel):
             "DYNAMIC": int(cfg["GLUON"]) == 4, "DIRECT": bool(int(cfg["DIRECT_STORE"])),
             "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": bool(int(cfg["TALL_TILE"])),
             "TALL_CLASS": TALL_CLASS, "INLINE": not int(cfg["BLOCK_TABLE"]),
+            "DEAL": bool(int(cfg["TAIL_DEAL"])),
             # The experts' vector of the in-kernel lookup: two a lane at least.
             "E_PAD": max(64, _next_pow2(experts)),
             "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
@@ -1197,6 +1199,14 @@ class GroupedGemm(Launches, Kernel):
             return f"TALL_TILE={cfg['TALL_TILE']}: 0 or 1"
         if int(cfg["TALL_TILE"]) and int(cfg["GLUON"]) < 3:
             return "TALL_TILE=1 needs GLUON=3 or 4 (the warp-specialized engine)"
+        deal = int(cfg["TAIL_DEAL"])
+        if deal not in (0, 1):
+            return f"TAIL_DEAL={cfg['TAIL_DEAL']}: 0 or 1"
+        # Dealing needs the experts' vectors (no table), a fixed stride, and the half
+        # tiles of an expert as one run of n-tiles (GROUP_M=1).
+        if deal and (int(cfg["GLUON"]), int(cfg["BLOCK_TABLE"]), int(cfg["GROUP_M"]),
+                     split) != (3, 0, 1, 1):
+            return "TAIL_DEAL=1 needs GLUON=3, BLOCK_TABLE=0, GROUP_M=1 and TAIL_SPLIT=1"
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:

@@ -96,6 +96,11 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         # tests/test_grouped_gemm_gluon.py).
         assert "GLUON=3 or 4" in KERNEL.check_config(config, shape, H100)
         return
+    if name == "TAIL_DEAL" and value:
+        # An option of GLUON=3 without the table (compiled and run in
+        # tests/test_grouped_gemm_gluon.py).
+        assert "GLUON=3, BLOCK_TABLE=0" in KERNEL.check_config(config, shape, H100)
+        return
     if name == "GLUON" and value:
         # The Gluon engine needs Hopper's wgmma: pruned here and on the interpreter; its
         # own tests compile it for sm_90 and run it on the GPU.

@@ -91,6 +91,10 @@ CONFIGS = [
     {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1,
      "BLOCK_TABLE": 0},
     {**PP, "num_stages": 4, "GROUP_M": 4, "TAIL_SPLIT": 0, "BLOCK_TABLE": 0},
+    # ... and each wave's half tiles dealt round-robin to the programs (TAIL_DEAL).
+    {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1,
+     "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
+    {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
     # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
     # registers, tiles from the counter.
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
@@ -185,6 +189,13 @@ def test_pruning_warp_specialized() -> None:
     assert KERNEL.check_config(inline, MOE, H100) is None
     assert "BLOCK_TABLE=1" in KERNEL.check_config({**inline, "GLUON": 4}, MOE, H100)
     assert "TAIL_SPLIT <= 1" in KERNEL.check_config({**inline, "TAIL_SPLIT": 2}, MOE, H100)
+    # Dealt half tiles: without the table, by stride, GROUP_M=1, half tails.
+    deal = {**inline, "GROUP_M": 1, "TAIL_DEAL": 1}
+    assert KERNEL.check_config(deal, MOE, H100) is None
+    for wrong in ({"GROUP_M": 4}, {"TAIL_SPLIT": 0}, {"BLOCK_TABLE": 1},
+                  {"GLUON": 4, "BLOCK_TABLE": 1}):
+        assert "TAIL_DEAL=1 needs" in KERNEL.check_config({**deal, **wrong}, MOE, H100)
+    assert "0 or 1" in KERNEL.check_config({**deal, "TAIL_DEAL": 2}, MOE, H100)
     assert "0 or 1" in KERNEL.check_config({**tall, "TALL_TILE": 2}, MOE, H100)
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 2},
@@ -353,7 +364,7 @@ def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> N
 
 @pytest.mark.gpu
 @needs_gluon
-@pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[5], NO_TABLE[0], WS[-1]])
+@pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[5], NO_TABLE[0], NO_TABLE[2], WS[-1]])
 def test_gpu_in_a_cuda_graph(device: str, i: int) -> None:
     """Both launches (or the one, without a table) capture into a CUDA graph; a replay
     after the routing changed in the same offsets buffer gives the new answer."""

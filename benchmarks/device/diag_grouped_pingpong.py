@@ -189,15 +189,21 @@ def inline_configs() -> dict[str, dict]:
     """Study ``inline`` (session 21): GLUON=3 with BLOCK_TABLE=0, every partition finding
     its tiles' experts from the offsets, so a call is one launch, not the table's and the
     GEMM's (``probe_table_share.py``, H200 call 9: the table launch added 11 us, 2.4 %,
-    to a 470 us call)."""
+    to a 470 us call); session 22 adds TAIL_DEAL (each wave's half tiles dealt
+    round-robin to the programs)."""
     swap = pingpong(num_stages=5, SWAP_AB=1)
+    inline = {**swap, "BLOCK_TABLE": 0}
+    dealt = {**inline, "TAIL_DEAL": 1}
     pack = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
     return {f"this GPU's pack ({pack.source})": dict(pack.config),
             "ping-pong s5 SWAP_AB": swap,
-            "ping-pong s5 SWAP_AB, no table": {**swap, "BLOCK_TABLE": 0},
-            "ping-pong s5, no table": {**swap, "SWAP_AB": 0, "BLOCK_TABLE": 0},
+            "ping-pong s5 SWAP_AB, no table": inline,
+            "ping-pong s5 SWAP_AB, no table, dealt": dealt,
+            "ping-pong s5, no table, dealt": {**dealt, "SWAP_AB": 0},
+            "ping-pong s4 SWAP_AB, no table, dealt": {**dealt, "num_stages": 4},
             "ping-pong s5 SWAP_AB (again)": swap,
-            "ping-pong s5 SWAP_AB, no table (again)": {**swap, "BLOCK_TABLE": 0}}
+            "ping-pong s5 SWAP_AB, no table (again)": inline,
+            "ping-pong s5 SWAP_AB, no table, dealt (again)": dealt}
 
 
 def main_configs() -> dict[str, dict]:
