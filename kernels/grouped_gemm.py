@@ -909,7 +909,8 @@ class GroupedGemm(Launches, Kernel):
     def _gluon_launch(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
                       table: torch.Tensor, nb: int, num_progs: int, cfg: Config) -> Launch:
         """GLUON's GEMM launch: the persistent Gluon kernel over the block table, one
-        program per SM (the table's launch comes first)."""
+        program per SM (the table's launch comes first), or for GLUON=3 without the table
+        over the experts' offsets (``table`` is then ``offsets``)."""
         if _gluon is None:
             raise RuntimeError(f"GLUON: this Triton has no Gluon Hopper API ({_GLUON_MISSING})")
         if a.dtype not in (torch.bfloat16, torch.float16):
