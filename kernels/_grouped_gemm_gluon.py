@@ -63,17 +63,24 @@ def _mma_layout(BM, BN, num_warps):
 
 
 @gluon.jit
-def _tile_info(tile, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    """(expert, first row, the expert's end row, n-tile, height class) of ``tile``: the
-    Triton kernels' grouped order over the block table's m-blocks. The m-block is kept
-    inside the table, so a predicated-off look-ahead past the last tile reads nothing
-    out of bounds."""
+def _grouped_order(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """(m-block, n-tile) of ``tile`` in the Triton kernels' grouped order: GROUP_M
+    m-blocks sweep the n-tiles together."""
     in_group = GROUP_M * num_pid_n
     first_m = (tile // in_group) * GROUP_M
     size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
     size_m = gl.maximum(size_m, 1)
     pid_m = first_m + (tile % in_group) % size_m
     pid_n = (tile % in_group) // size_m
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _tile_info(tile, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """(expert, first row, the expert's end row, n-tile, height class) of ``tile``: the
+    grouped order over the block table's m-blocks. The m-block is kept inside the table,
+    so a predicated-off look-ahead past the last tile reads nothing out of bounds."""
+    pid_m, pid_n = _grouped_order(tile, num_pid_m, num_pid_n, GROUP_M)
     pid_m = gl.minimum(gl.maximum(pid_m, 0), NB - 1)
     expert = gl.load(table_ptr + pid_m)
     m0 = gl.load(table_ptr + NB + pid_m)

@@ -42,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels._grouped_gemm_gluon import (
+    _grouped_order,
     _mma_layout,
     _next_tile,
     _store_tile,
@@ -117,11 +118,7 @@ def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
     """``_tile_info`` without the table: the tile's m-block in the same grouped order,
     its expert the last non-empty one whose first m-block is at or before it."""
     e, starts, ends, first, nblk, half = blocks
-    in_group = GROUP_M * num_pid_n
-    first_m = (tile // in_group) * GROUP_M
-    size_m = gl.maximum(gl.minimum(num_pid_m - first_m, GROUP_M), 1)
-    pid_m = first_m + (tile % in_group) % size_m
-    pid_n = (tile % in_group) // size_m
+    pid_m, pid_n = _grouped_order(tile, num_pid_m, num_pid_n, GROUP_M)
     pid_m = gl.maximum(gl.minimum(pid_m, num_pid_m - 1), 0)
     expert = gl.max(gl.where((first <= pid_m) & (nblk > 0), e, -1), 0)
     mine = e == expert
