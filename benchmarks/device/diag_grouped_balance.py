@@ -30,16 +30,37 @@ HALF = 0.71
 SMS = 132
 
 
-def excess(counts: list[int], bm: int = 128, n_tiles: int = 11, programs: int = SMS) -> float:
-    """The busiest program's work over the mean, for TAIL_SPLIT=1 tiles in table order
-    (each expert's full blocks, then one piece for its remainder: a full block above
-    half a block, else a half one), GROUP_M=1, a fixed stride of ``programs``."""
+def tile_costs(counts: list[int], bm: int = 128, n_tiles: int = 11) -> list[float]:
+    """Each tile's work, for TAIL_SPLIT=1 tiles in table order (each expert's full
+    blocks, then one piece for its remainder: a full block above half a block, else a
+    half one), GROUP_M=1."""
     costs = []
     for c in counts:
         full, r = divmod(c, bm)
         blocks = [1.0] * full + ([1.0] if r > bm // 2 else [HALF] if r else [])
         costs += [b for b in blocks for _ in range(n_tiles)]
-    loads = [sum(costs[p::programs]) for p in range(programs)]
+    return costs
+
+
+def excess(counts: list[int], bm: int = 128, n_tiles: int = 11, programs: int = SMS,
+           dealt: bool = False) -> float:
+    """The busiest program's work over the mean with a fixed stride of ``programs``, or
+    with ``dealt`` as TAIL_DEAL gives the tiles: each wave's half tiles to the places
+    after those the waves before gave theirs, its full tiles to the rest."""
+    costs = tile_costs(counts, bm, n_tiles)
+    if not dealt:
+        loads = [sum(costs[p::programs]) for p in range(programs)]
+        return max(loads) / (sum(loads) / programs) - 1
+    loads = [0.0] * programs
+    given = 0  # half tiles dealt by the waves so far
+    for w0 in range(0, len(costs), programs):
+        wave = costs[w0:w0 + programs]
+        halves = [c for c in wave if c < 1]
+        fulls = [c for c in wave if c == 1]
+        for place in range(len(wave)):
+            d = (place - given) % len(wave)
+            loads[place] += halves[d] if d < len(halves) else fulls[d - len(halves)]
+        given += len(halves)
     return max(loads) / (sum(loads) / programs) - 1
 
 
