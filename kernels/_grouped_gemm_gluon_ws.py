@@ -131,37 +131,6 @@ def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
 
 
 @gluon.jit
-def _pair_blocks(blocks):
-    """SHARE_W's view of the experts' vectors: each expert's m-blocks two at a time (the
-    last pair of an odd count has one), with the pairs' first index."""
-    e, starts, ends, first, nblk, half = blocks
-    npair = (nblk + 1) // 2
-    pfirst = gl.associative_scan(npair, 0, _add) - npair
-    return e, starts, ends, pfirst, npair, half, nblk
-
-
-@gluon.jit
-def _pair_info(tile, pairs, num_pairs, num_pid_n, GROUP_M: gl.constexpr, BM: gl.constexpr):
-    """(expert, first row, the expert's end row, n-tile, class of the first block, class
-    of the second) of SHARE_W's ``tile``: a pair of an expert's consecutive m-blocks by
-    one n-tile, in the grouped order over pairs. Classes: 0 a full block, 1 a half one
-    (only ever an expert's last), 2 none (an odd count's last pair)."""
-    e, starts, ends, pfirst, npair, half, nblk = pairs
-    pid_m, pid_n = _grouped_order(tile, num_pairs, num_pid_n, GROUP_M)
-    pid_m = gl.maximum(gl.minimum(pid_m, num_pairs - 1), 0)
-    expert = gl.max(gl.where((pfirst <= pid_m) & (npair > 0), e, -1), 0)
-    mine = e == expert
-    j = pid_m - gl.sum(gl.where(mine, pfirst, 0), 0)
-    m0 = gl.sum(gl.where(mine, starts, 0), 0) + 2 * j * BM
-    row_end = gl.sum(gl.where(mine, ends, 0), 0)
-    nb = gl.sum(gl.where(mine, nblk, 0), 0)
-    last_half = gl.sum(gl.where(mine & half, 1, 0), 0)
-    h0 = ((2 * j + 1 == nb) & (last_half > 0)).to(gl.int32)
-    h1 = ((2 * j + 2 == nb) & (last_half > 0)).to(gl.int32) + 2 * (2 * j + 2 > nb).to(gl.int32)
-    return expert, m0, row_end, pid_n, h0, h1
-
-
-@gluon.jit
 def _dealt(slot, blocks, total, P, num_pid_n):
     """DEAL's tile for a program's ``slot`` (wave ``slot // P``, place ``slot % P``): the
     same P tiles each wave as the fixed stride, the wave's half tiles given to the places
@@ -254,81 +223,6 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
     if DYNAMIC:
         for c in gl.static_range(NC):
             _send(handoff, j + c, tile, NC)
-
-
-@gluon.jit
-def _pair_producer(pid, sched, ring, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                   STAGES: gl.constexpr, GROUP_M: gl.constexpr, E_PAD: gl.constexpr):
-    """SHARE_W's loads: per K step one W box and the A boxes of the pair's one or two
-    m-blocks (the second in ``a2_bufs``), so both consumers multiply the same W box."""
-    total, k_tiles, P, offs_ptr, E, N, num_pairs, num_pid_n, counter_ptr = sched
-    a_boxes, w_desc, ready, empty, a_bufs, w_bufs, a2_bufs = ring
-    pairs = _pair_blocks(_expert_blocks(offs_ptr, E, BM, 1, E_PAD, 1))
-    W_BYTES: gl.constexpr = w_desc.block_type.nbytes
-    p = 0
-    for tile in range(pid, total, P):
-        expert, m0, row_end, pid_n, h0, h1 = _pair_info(tile, pairs, num_pairs, num_pid_n,
-                                                        GROUP_M, BM)
-        w_row = expert * N + pid_n * BN
-        for kk in range(k_tiles):
-            s = p % STAGES
-            # Freed only once both consumers are done with it (the barrier counts two).
-            mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            for f0 in gl.static_range(2):
-                if h0 == f0:
-                    for f1 in gl.static_range(3):
-                        if h1 == f1:
-                            if f1 < 2:
-                                mbarrier.expect(bar, W_BYTES + a_boxes[f0].block_type.nbytes
-                                                + a_boxes[f1].block_type.nbytes)
-                            else:
-                                mbarrier.expect(bar, W_BYTES + a_boxes[f0].block_type.nbytes)
-            for f in gl.static_range(2):
-                if h0 == f:
-                    _tma_load(a_boxes[f], [m0, kk * BK], bar, a_bufs.index(s).slice(0, BM >> f))
-                if h1 == f:
-                    _tma_load(a_boxes[f], [m0 + BM, kk * BK], bar,
-                              a2_bufs.index(s).slice(0, BM >> f))
-            _tma_load(w_desc, [w_row, kk * BK], bar, w_bufs.index(s))
-            p += 1
-
-
-@gluon.jit
-def _pair_consumer(pid, cid: gl.constexpr, sched, ring, turn, c_bufs, outs, BM: gl.constexpr,
-                   BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                   TMA_STORE: gl.constexpr, CW: gl.constexpr, DIRECT: gl.constexpr,
-                   E_PAD: gl.constexpr):
-    """SHARE_W's consumer ``cid``: block ``cid`` of each pair, transposed, from the same
-    slots as the other consumer (its own A box, the shared W box), both at once; where
-    the pair has no second block, consumer 1 only hands each slot back."""
-    total, k_tiles, P, offs_ptr, E, N, num_pairs, num_pid_n, counter_ptr = sched
-    pairs = _pair_blocks(_expert_blocks(offs_ptr, E, BM, 1, E_PAD, CW))
-    ready, empty = ring[2], ring[3]
-    if cid == 1:
-        mine = (ring[0], ring[1], ring[2], ring[3], ring[6], ring[5], ring[6])
-    else:
-        mine = ring
-    c_buf = c_bufs.index(cid)
-    i = 0
-    for tile in range(pid, total, P):
-        expert, m0, row_end, pid_n, h0, h1 = _pair_info(tile, pairs, num_pairs, num_pid_n,
-                                                        GROUP_M, BM)
-        if cid == 1:
-            h = h1
-        else:
-            h = h0
-        base = i * k_tiles
-        for f in gl.static_range(2):
-            if h == f:
-                _mainloop_and_store(base, k_tiles, mine, turn.index(cid), c_buf, outs,
-                                    m0 + cid * BM, row_end, pid_n * BN, N, BM >> f, BN,
-                                    STAGES, TMA_STORE, 1, CW, DIRECT, True)
-        if h == 2:
-            for kk in range(k_tiles):
-                mbarrier.arrive(empty.index(_landed_slot(ready, base + kk, STAGES)))
-        i += 1
-    tma.store_wait(0)
 
 
 @gluon.jit
@@ -504,7 +398,7 @@ def grouped_gemm_gluon_ws_kernel(
     DYNAMIC: gl.constexpr, DIRECT: gl.constexpr, SWAP_AB: gl.constexpr,
     TALL: gl.constexpr, TALL_CLASS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, INLINE: gl.constexpr = False,
-    E_PAD: gl.constexpr = 64, DEAL: gl.constexpr = False, SHARE_W: gl.constexpr = False,
+    E_PAD: gl.constexpr = 64, DEAL: gl.constexpr = False,
 ):
     """out[rows of e] = A[rows of e] @ W[e]^T over the block table's tiles (see the
     module docstring). ``a_desc`` / ``a_half`` / ``a_quarter``: A [M, K] in boxes of BM,
@@ -522,17 +416,11 @@ def grouped_gemm_gluon_ws_kernel(
     every partition finds each tile's expert itself (full blocks and, with TAIL_SPLIT=1,
     a half-block tail; the table's order), which saves the table's launch. DEAL (with
     INLINE, GROUP_M=1, a fixed stride): each wave's half tiles dealt round-robin across
-    the programs (``_dealt``). SHARE_W (with INLINE, num_warps=4, SWAP_AB, TAIL_SPLIT=1):
-    the two consumers work side by side instead of in turn, on two consecutive m-blocks
-    of an expert by one n-tile, from one W box a K step (``_pair_producer``)."""
+    the programs (``_dealt``)."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    if SHARE_W:
-        # Tiles over pairs of m-blocks: num_pid_m counts the pairs.
-        num_pid_m = gl.sum(_pair_blocks(_expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD,
-                                                       num_warps))[4], 0)
-    elif INLINE:
+    if INLINE:
         num_pid_m = gl.sum(_expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD,
                                           num_warps)[4], 0)
     else:
@@ -544,10 +432,7 @@ def grouped_gemm_gluon_ws_kernel(
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], w_desc.layout)
-    if SHARE_W:
-        # The pair's second block, in every slot.
-        a2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
-    elif TALL:
+    if TALL:
         # A tall tile's half block after the full one, in every slot.
         a2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM // 2, BK], a_desc.layout)
     else:
@@ -562,8 +447,7 @@ def grouped_gemm_gluon_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        # SHARE_W: both consumers read every slot, and each hands it back.
-        mbarrier.init(empty.index(i), count=2 if SHARE_W else 1)
+        mbarrier.init(empty.index(i), count=1)
     # The consumers' turns, and the tile ids the producer hands them (DYNAMIC).
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -582,15 +466,7 @@ def grouped_gemm_gluon_ws_kernel(
     outs = (out_ptr, stride_om, out_desc, out_half, out_quarter)
     # The partitions' constexprs go in each argument tuple as written: a tuple built
     # beforehand carries them as runtime values.
-    if SHARE_W:
-        gl.warp_specialize([
-            (_pair_consumer, (pid, 0, sched, ring, turn, c_bufs, outs, BM, BN, STAGES,
-                              GROUP_M, TMA_STORE, 4, DIRECT, E_PAD)),
-            (_pair_consumer, (pid, 1, sched, ring, turn, c_bufs, outs, BM, BN, STAGES,
-                              GROUP_M, TMA_STORE, 4, DIRECT, E_PAD)),
-            (_pair_producer, (pid, sched, ring, BM, BN, BK, STAGES, GROUP_M, E_PAD)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    elif NC == 2:
+    if NC == 2:
         gl.warp_specialize([
             (_consumer, (pid, 0, sched, ring, turn, handoff, c_bufs, outs, BM, BN, STAGES,
                          GROUP_M, TAIL_SPLIT, TAIL_FINE, TMA_STORE, DYNAMIC, NC, 4, DIRECT,

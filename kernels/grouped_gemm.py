@@ -746,7 +746,6 @@ class GroupedGemm(Launches, Kernel):
         "DIRECT_STORE": 0,
         "TALL_TILE": 0,
         "TAIL_DEAL": 0,
-        "SHARE_W": 0,
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
@@ -972,7 +971,7 @@ class GroupedGemm(Launches, Kernel):
             "DYNAMIC": int(cfg["GLUON"]) == 4, "DIRECT": bool(int(cfg["DIRECT_STORE"])),
             "SWAP_AB": bool(int(cfg["SWAP_AB"])), "TALL": bool(int(cfg["TALL_TILE"])),
             "TALL_CLASS": TALL_CLASS, "INLINE": not int(cfg["BLOCK_TABLE"]),
-            "DEAL": bool(int(cfg["TAIL_DEAL"])), "SHARE_W": bool(int(cfg["SHARE_W"])),
+            "DEAL": bool(int(cfg["TAIL_DEAL"])),
             # The experts' vector of the in-kernel lookup: two a lane at least.
             "E_PAD": max(64, _next_pow2(experts)),
             "PRODUCER_REGS": _gluon_ws.PRODUCER_REGS,
@@ -1209,16 +1208,6 @@ class GroupedGemm(Launches, Kernel):
         if deal and (int(cfg["GLUON"]), int(cfg["BLOCK_TABLE"]), int(cfg["GROUP_M"]),
                      split) != (3, 0, 1, 1):
             return "TAIL_DEAL=1 needs GLUON=3, BLOCK_TABLE=0, GROUP_M=1 and TAIL_SPLIT=1"
-        share = int(cfg["SHARE_W"])
-        if share not in (0, 1):
-            return f"SHARE_W={cfg['SHARE_W']}: 0 or 1"
-        # The two consumers side by side: transposed ping-pong's warp groups, without the
-        # table (the pairs come from the experts' vectors), full blocks and half tails.
-        if share and (int(cfg["GLUON"]), int(cfg["BLOCK_TABLE"]), int(cfg["num_warps"]),
-                      int(cfg["SWAP_AB"]), split, int(cfg["TAIL_FINE"]),
-                      int(cfg["TALL_TILE"]), deal) != (3, 0, 4, 1, 1, 0, 0, 0):
-            return ("SHARE_W=1 needs GLUON=3, BLOCK_TABLE=0, num_warps=4, SWAP_AB=1, "
-                    "TAIL_SPLIT=1, TAIL_FINE=0, TALL_TILE=0 and TAIL_DEAL=0")
         if tma_store and N % 8:
             return f"TMA_STORE=1: N={N} output rows are not 16-byte aligned"
         if int(cfg["GROUP_M"]) < 1:
@@ -1236,8 +1225,8 @@ class GroupedGemm(Launches, Kernel):
         # fewer than it has stages.
         item = 2
         buffers = max(1, stages - 1) if device.vendor == "amd" else stages
-        # TALL_TILE's slots hold half a block more of A, SHARE_W's a whole block more.
-        a_rows = bm + (bm // 2 if int(cfg["TALL_TILE"]) else 0) + (bm if share else 0)
+        # TALL_TILE's slots hold half a block more of A.
+        a_rows = bm + (bm // 2 if int(cfg["TALL_TILE"]) else 0)
         pipeline, epilogue = buffers * (a_rows * bk + bn * bk) * item, bm * bn * item
         # A flattened loop keeps loading the next tile while this one is stored, and a
         # TMA store stages the tile in a buffer of its own: then both are live at once.

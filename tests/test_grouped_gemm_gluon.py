@@ -95,12 +95,6 @@ CONFIGS = [
     {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1,
      "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
-    # The two consumers side by side on an expert's consecutive m-blocks, one W box
-    # between them (SHARE_W), with TMA stores or from registers.
-    {**PP, "num_stages": 3, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1,
-     "BLOCK_TABLE": 0, "SHARE_W": 1},
-    {**PP, "num_stages": 4, "GROUP_M": 4, "TAIL_SPLIT": 1, "DIRECT_STORE": 1, "SWAP_AB": 1,
-     "BLOCK_TABLE": 0, "SHARE_W": 1},
     # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
     # registers, tiles from the counter.
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
@@ -110,7 +104,6 @@ CONFIGS = [
 ]  # fmt: skip
 WS = [i for i, c in enumerate(CONFIGS) if c["GLUON"] >= 3]
 NO_TABLE = [i for i, c in enumerate(CONFIGS) if not c.get("BLOCK_TABLE", 1)]
-SHARED = [i for i, c in enumerate(CONFIGS) if c.get("SHARE_W")]
 
 needs_gluon = pytest.mark.skipif(grouped_gemm._gluon is None,
                                  reason=f"Triton {triton.__version__} has no Gluon Hopper API")
@@ -204,17 +197,6 @@ def test_pruning_warp_specialized() -> None:
         assert "TAIL_DEAL=1 needs" in KERNEL.check_config({**deal, **wrong}, MOE, H100)
     assert "0 or 1" in KERNEL.check_config({**deal, "TAIL_DEAL": 2}, MOE, H100)
     assert "0 or 1" in KERNEL.check_config({**tall, "TALL_TILE": 2}, MOE, H100)
-    # Shared W boxes: transposed ping-pong's warp groups without the table, and a ring
-    # of three boxes a slot (3 x 48 KB and two 32 KB staging tiles fit, 4 x 48 KB not).
-    share = {**inline, "GROUP_M": 1, "SWAP_AB": 1, "SHARE_W": 1, "num_stages": 3}
-    assert KERNEL.check_config(share, MOE, H100) is None
-    for wrong in ({"SWAP_AB": 0}, {"BLOCK_TABLE": 1}, {"TAIL_SPLIT": 0}, {"num_warps": 8},
-                  {"TAIL_DEAL": 1}):
-        assert "SHARE_W=1 needs" in KERNEL.check_config({**share, **wrong}, MOE, H100)
-    assert "0 or 1" in KERNEL.check_config({**share, "SHARE_W": 2}, MOE, H100)
-    assert "shared memory" in KERNEL.check_config({**share, "num_stages": 4}, MOE, H100)
-    assert KERNEL.check_config({**share, "num_stages": 4, "TMA_STORE": 0, "DIRECT_STORE": 1},
-                               MOE, H100) is None
     assert "registers" in KERNEL.check_config({**cfg, "BLOCK_N": 256}, MOE, H100)
     assert "GLUON=4: num_warps" in KERNEL.check_config({**cfg, "GLUON": 4, "num_warps": 2},
                                                        MOE, H100)
@@ -382,8 +364,7 @@ def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> N
 
 @pytest.mark.gpu
 @needs_gluon
-@pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[5], NO_TABLE[0], NO_TABLE[2], SHARED[0],
-                               WS[-1]])
+@pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[5], NO_TABLE[0], NO_TABLE[2], WS[-1]])
 def test_gpu_in_a_cuda_graph(device: str, i: int) -> None:
     """Both launches (or the one, without a table) capture into a CUDA graph; a replay
     after the routing changed in the same offsets buffer gives the new answer."""

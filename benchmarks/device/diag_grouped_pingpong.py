@@ -9,7 +9,7 @@ pipe's idle time around tile boundaries: this kernel overlaps one consumer's sto
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
     python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
-        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|inline|share|stores]
+        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|inline|stores]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
@@ -20,9 +20,8 @@ Study ``direct``: outputs stored from registers (``direct_configs``). Study ``sw
 every tile transposed (``swap_configs``). Study ``tails``: transposed tiles with each
 expert's tail in one piece (``tail_configs``). Study ``tall``: ping-pong tiles of 1.5
 blocks (``tall_configs``). Study ``inline``: no block table launch
-(``inline_configs``). Study ``share``: the two consumers side by side on an expert's
-consecutive m-blocks, one W box a K step between them (``share_configs``). Study
-``stores``: the pack's kind of config with and without TMA stores (``store_configs``).
+(``inline_configs``). Study ``stores``: the pack's kind of config with and without TMA
+stores (``store_configs``).
 """
 
 from __future__ import annotations
@@ -208,27 +207,6 @@ def inline_configs() -> dict[str, dict]:
             "ping-pong s5 SWAP_AB, no table, dealt (again)": dealt}
 
 
-def share_configs() -> dict[str, dict]:
-    """Study ``share`` (session 23): SHARE_W, ping-pong's two warp groups working side by
-    side on two consecutive m-blocks of an expert by one n-tile, each W box multiplied by
-    both (24 KB a K step per 128 x 128 of output, as cuBLAS's 128x256 tile, where
-    ping-pong streams 32 KB), the expert's half tail and odd last block as ping-pong has
-    them (no padding of its own); what it gives up is the store under the other's
-    wgmmas, and two of ping-pong's five stages (a slot holds three boxes)."""
-    swap = pingpong(num_stages=5, SWAP_AB=1, BLOCK_TABLE=0)
-    share = {**swap, "num_stages": 3, "SHARE_W": 1}
-    pack = packs.lookup_entry("grouped_gemm", "bf16", **SHAPE)
-    return {f"this GPU's pack ({pack.source})": dict(pack.config),
-            "ping-pong s5 SWAP_AB, no table": swap,
-            "shared W s3": share,
-            "shared W s3 TMA_STORE=0": {**share, "TMA_STORE": 0},
-            "shared W s4 direct": {**share, "num_stages": 4, "TMA_STORE": 0,
-                                   "DIRECT_STORE": 1},
-            "shared W s3 GROUP_M=4": {**share, "GROUP_M": 4},
-            "ping-pong s5 SWAP_AB, no table (again)": swap,
-            "shared W s3 (again)": share}
-
-
 def store_configs() -> dict[str, dict]:
     """Study ``stores`` (session 23): transposed ping-pong s5 without the table, with TMA
     stores (whole tiles inside their expert) and without (every tile's masked stores from
@@ -275,9 +253,6 @@ def main() -> None:
         cfgs = tail_configs()
     elif args.study == "tall":
         cfgs = tall_configs()
-    elif args.study == "share":
-        cfgs = share_configs()
-        del problems["uniform"]
     elif args.study == "stores":
         cfgs = store_configs()
         problems = {"log-normal": problems["log-normal"]}
