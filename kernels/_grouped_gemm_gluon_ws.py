@@ -91,11 +91,14 @@ def _add(a, b):
 
 @gluon.jit
 def _expert_blocks(offs_ptr, E, BM: gl.constexpr, TAIL_SPLIT: gl.constexpr,
-                   E_PAD: gl.constexpr, CW: gl.constexpr):
+                   E_PAD: gl.constexpr, CW: gl.constexpr, TAIL_FINE: gl.constexpr = 0):
     """INLINE's per-expert view of the routing, what the block table would list: each
-    expert's (index, first row, end row, first m-block, m-blocks, whether its last block
-    is a half one), as E_PAD-long vectors (the padding empty), whole in every warp of the
-    CW that hold them (so that their reductions stay within a warp)."""
+    expert's (index, first row, end row, first m-block, m-blocks, the height class of its
+    last block where that is a short one, else 0), as E_PAD-long vectors (the padding
+    empty), whole in every warp of the CW that hold them (so that their reductions stay
+    within a warp). A remainder of at most half a block is one short tile: class 1 (half
+    a block), or with TAIL_FINE = f the least of BM/4 ... BM >> (1 + f) rows that holds
+    it (the table's classes for TAIL_SPLIT=1)."""
     lay: gl.constexpr = gl.BlockedLayout([E_PAD // 32], [32], [CW], [0])
     e = gl.arange(0, E_PAD, layout=lay)
     starts = gl.load(offs_ptr + e, mask=e < E, other=0)
@@ -104,12 +107,14 @@ def _expert_blocks(offs_ptr, E, BM: gl.constexpr, TAIL_SPLIT: gl.constexpr,
     rem = ends - starts - full * BM
     nblk = full + (rem > 0).to(gl.int32)
     if TAIL_SPLIT == 1:
-        # A remainder of at most half a block is a half tile (class 1).
-        half = (rem > 0) & (rem <= BM // 2)
+        tail = ((rem > 0) & (rem <= BM // 2)).to(gl.int32)
+        short = tail
+        for f in gl.static_range(1, TAIL_FINE + 1):
+            short += tail * (rem <= (BM // 2) >> f).to(gl.int32)
     else:
-        half = rem < 0
+        short = gl.zeros_like(rem)
     first = gl.associative_scan(nblk, 0, _add) - nblk
-    return e, starts, ends, first, nblk, half
+    return e, starts, ends, first, nblk, short
 
 
 @gluon.jit
@@ -117,7 +122,7 @@ def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
                       BM: gl.constexpr):
     """``_tile_info`` without the table: the tile's m-block in the same grouped order,
     its expert the last non-empty one whose first m-block is at or before it."""
-    e, starts, ends, first, nblk, half = blocks
+    e, starts, ends, first, nblk, short = blocks
     pid_m, pid_n = _grouped_order(tile, num_pid_m, num_pid_n, GROUP_M)
     pid_m = gl.maximum(gl.minimum(pid_m, num_pid_m - 1), 0)
     expert = gl.max(gl.where((first <= pid_m) & (nblk > 0), e, -1), 0)
@@ -125,8 +130,8 @@ def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
     j = pid_m - gl.sum(gl.where(mine, first, 0), 0)
     m0 = gl.sum(gl.where(mine, starts, 0), 0) + j * BM
     row_end = gl.sum(gl.where(mine, ends, 0), 0)
-    last_half = gl.sum(gl.where(mine & half, nblk, 0), 0)  # its block count, if half
-    h = (j + 1 == last_half).to(gl.int32)
+    last_short = gl.sum(gl.where(mine & (short > 0), nblk, 0), 0)  # its block count, if short
+    h = (j + 1 == last_short).to(gl.int32) * gl.sum(gl.where(mine, short, 0), 0)
     return expert, m0, row_end, pid_n, h
 
 
@@ -138,7 +143,8 @@ def _dealt(slot, blocks, total, P, num_pid_n):
     Every program then gets as many half tiles as any other, give or take one, where the
     stride gives a place the half tiles of its one residue (GROUP_M=1: the tiles of an
     expert's half block are one run of num_pid_n)."""
-    e, starts, ends, first, nblk, half = blocks
+    e, starts, ends, first, nblk, short = blocks
+    half = short > 0  # the short tiles, whatever their height
     w0 = (slot // P) * P
     size = gl.minimum(P, total - w0)
     seg = (first + nblk - 1) * num_pid_n  # each half block's first tile
@@ -187,7 +193,7 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
     a_boxes, w_desc, ready, empty, a_bufs, w_bufs, a2_bufs = ring
     blocks = 0
     if INLINE:
-        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, 1)
+        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, 1, TAIL_FINE)
     p = 0
     j = 0
     tile = pid
@@ -356,7 +362,7 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
     my_turn = turn.index(cid)
     blocks = 0
     if INLINE:
-        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, CW)
+        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, CW, TAIL_FINE)
     i = 0
     if DYNAMIC:
         tile = _receive(handoff, cid, 0, CW)
@@ -415,8 +421,9 @@ def grouped_gemm_gluon_ws_kernel(
     no block table; ``table_ptr`` is the experts' row offsets, ``NB`` their count, and
     every partition finds each tile's expert itself (full blocks and, with TAIL_SPLIT=1,
     a half-block tail; the table's order), which saves the table's launch. DEAL (with
-    INLINE, GROUP_M=1, a fixed stride): each wave's half tiles dealt round-robin across
-    the programs (``_dealt``)."""
+    INLINE, GROUP_M=1, a fixed stride): each wave's short tiles dealt round-robin across
+    the programs (``_dealt``). INLINE with TAIL_FINE: an expert's short tail is one
+    piece of the least height that holds it, as the table has it."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)

@@ -995,12 +995,13 @@ class GroupedGemm(Launches, Kernel):
         needs = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "FLATTEN": 0, "WARP_SPEC": 0}
         if engine == 3 and not int(cfg["BLOCK_TABLE"]):
             # The warp-specialized engine by stride can find each tile's expert itself
-            # (no table launch) where an expert's blocks are full ones and one half tail.
+            # (no table launch) where an expert's blocks are full ones and one short tail
+            # (half a block, or with TAIL_FINE the least piece that holds it).
             del needs["BLOCK_TABLE"]
-            if (int(cfg["TAIL_SPLIT"]) > 1 or int(cfg["TAIL_FINE"]) or int(cfg["TALL_TILE"])
+            if (int(cfg["TAIL_SPLIT"]) > 1 or int(cfg["TALL_TILE"])
                     or int(cfg["TAIL_WINDOW"])):
-                return ("GLUON=3 with BLOCK_TABLE=0 needs TAIL_SPLIT <= 1, TAIL_FINE=0, "
-                        "TALL_TILE=0 and TAIL_WINDOW=0")
+                return ("GLUON=3 with BLOCK_TABLE=0 needs TAIL_SPLIT <= 1, TALL_TILE=0 and "
+                        "TAIL_WINDOW=0")
         wrong = [f"{k}={v}" for k, v in needs.items() if int(cfg[k]) != v]
         if wrong:
             return f"GLUON needs {', '.join(wrong)}"

@@ -95,6 +95,10 @@ CONFIGS = [
     {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TMA_STORE": 1, "SWAP_AB": 1,
      "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
+    # ... and an expert's short tail as one piece of the least height (TAIL_FINE).
+    {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
+     "SWAP_AB": 1, "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
+    {**PP, "num_stages": 4, "GROUP_M": 4, "TAIL_SPLIT": 1, "TAIL_FINE": 1, "BLOCK_TABLE": 0},
     # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
     # registers, tiles from the counter.
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
@@ -189,6 +193,11 @@ def test_pruning_warp_specialized() -> None:
     assert KERNEL.check_config(inline, MOE, H100) is None
     assert "BLOCK_TABLE=1" in KERNEL.check_config({**inline, "GLUON": 4}, MOE, H100)
     assert "TAIL_SPLIT <= 1" in KERNEL.check_config({**inline, "TAIL_SPLIT": 2}, MOE, H100)
+    # ... its short tails in one piece of the least height, dealt or not.
+    for fine in (1, 2):
+        assert KERNEL.check_config({**inline, "TAIL_FINE": fine}, MOE, H100) is None
+        assert KERNEL.check_config({**inline, "TAIL_FINE": fine, "GROUP_M": 1,
+                                    "TAIL_DEAL": 1}, MOE, H100) is None
     # Dealt half tiles: without the table, by stride, GROUP_M=1, half tails.
     deal = {**inline, "GROUP_M": 1, "TAIL_DEAL": 1}
     assert KERNEL.check_config(deal, MOE, H100) is None
@@ -364,7 +373,8 @@ def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> N
 
 @pytest.mark.gpu
 @needs_gluon
-@pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[5], NO_TABLE[0], NO_TABLE[2], WS[-1]])
+@pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[5], NO_TABLE[0], NO_TABLE[2], NO_TABLE[4],
+                               WS[-1]])
 def test_gpu_in_a_cuda_graph(device: str, i: int) -> None:
     """Both launches (or the one, without a table) capture into a CUDA graph; a replay
     after the routing changed in the same offsets buffer gives the new answer."""

@@ -9,7 +9,7 @@ pipe's idle time around tile boundaries: this kernel overlaps one consumer's sto
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
     python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
-        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|inline|stores]
+        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|inline|stores|onepiece]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
@@ -21,7 +21,8 @@ every tile transposed (``swap_configs``). Study ``tails``: transposed tiles with
 expert's tail in one piece (``tail_configs``). Study ``tall``: ping-pong tiles of 1.5
 blocks (``tall_configs``). Study ``inline``: no block table launch
 (``inline_configs``). Study ``stores``: the pack's kind of config with and without TMA
-stores (``store_configs``).
+stores (``store_configs``). Study ``onepiece``: without the table, short tails in one
+piece of the least height (``inline_fine_configs``).
 """
 
 from __future__ import annotations
@@ -224,6 +225,23 @@ def store_configs() -> dict[str, dict]:
     return out
 
 
+def inline_fine_configs() -> dict[str, dict]:
+    """Study ``onepiece`` (session 23): without the table, an expert's short tail as one
+    piece of the least height that holds it (TAIL_FINE: 64, 32 or 16 rows, one W stream
+    each), dealt or not, beside the H200 pack (s4, dealt, half tails) and the same with
+    5 stages. On the harness's routing (31 of the 64 experts end in a short tail) the
+    padded rows fall from 1,856 (3.8 % of M) to 1,296 (2.6 %), for no more W streams;
+    with the table (session 20) one-piece tails measured within noise of half tails."""
+    swap = pingpong(num_stages=5, SWAP_AB=1, BLOCK_TABLE=0, TMA_STORE=0, TAIL_DEAL=1)
+    out = {}
+    for rep in ("", " (again)"):
+        out["the H200 pack: s4 dealt" + rep] = {**swap, "num_stages": 4}
+        out["s5 dealt" + rep] = swap
+        out["s5 dealt, one-piece tails" + rep] = {**swap, "TAIL_FINE": 2}
+        out["s4 dealt, one-piece tails" + rep] = {**swap, "num_stages": 4, "TAIL_FINE": 2}
+    return out
+
+
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
     and the transposed ping-pong (ping-pong s5 twice: the run's noise floor)."""
@@ -256,6 +274,9 @@ def main() -> None:
     elif args.study == "stores":
         cfgs = store_configs()
         problems = {"log-normal": problems["log-normal"]}
+    elif args.study == "onepiece":
+        cfgs = inline_fine_configs()
+        del problems["balanced"]
     elif args.study == "inline":
         cfgs = inline_configs()
         del problems["balanced"]
