@@ -130,8 +130,9 @@ def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
     j = pid_m - gl.sum(gl.where(mine, first, 0), 0)
     m0 = gl.sum(gl.where(mine, starts, 0), 0) + j * BM
     row_end = gl.sum(gl.where(mine, ends, 0), 0)
-    last_short = gl.sum(gl.where(mine & (short > 0), nblk, 0), 0)  # its block count, if short
-    h = (j + 1 == last_short).to(gl.int32) * gl.sum(gl.where(mine, short, 0), 0)
+    # The expert's last block runs at its short class (0 where it is a full one).
+    nb = gl.sum(gl.where(mine, nblk, 0), 0)
+    h = (j + 1 == nb).to(gl.int32) * gl.sum(gl.where(mine, short, 0), 0)
     return expert, m0, row_end, pid_n, h
 
 

@@ -29,6 +29,7 @@ from rich.console import Console
 from harness.fleet import Fleet, NoHardwareError, Task
 from harness.measure import Timing
 from harness.run import run
+from kernels.grouped_gemm import GroupedGemm
 from tests.fault_kernels import Faulty, read_events
 
 pytestmark = pytest.mark.slow
@@ -116,14 +117,14 @@ def _by_status(trials: list, status: str) -> list:
 
 # -- placement, per-vendor spaces, packs --------------------------------------------------
 
-SMALL = {"BLOCK_M": [64], "BLOCK_N": [64], "BLOCK_K": [64], "GROUP_M": [1, 4],
-         "num_warps": [4], "num_stages": [2, 3], "PERSISTENT": [0, 1],
-         # The kernel's other switches at their defaults: in the shipped space almost
-         # every random draw is a config pruned on the interpreter (Gluon, TMA options,
-         # tails), and walking past them cost this test minutes, not placement checks.
-         **{k: [0] for k in ("USE_TMA", "FLATTEN", "TMA_STORE", "WARP_SPEC", "BLOCK_TABLE",
-                             "TAIL_SPLIT", "TAIL_WINDOW", "GLUON", "SWAP_AB", "TAIL_FINE",
-                             "DIRECT_STORE", "TALL_TILE", "TAIL_DEAL")}}
+SMALL = {
+    # The kernel's other tunables at their defaults: in the shipped space almost every
+    # random draw is a config pruned on the interpreter (Gluon, TMA options, tails), and
+    # walking past them cost this test minutes, not placement checks. Read from the
+    # kernel, so that a tunable added later is pinned too.
+    **{k: [v] for k, v in GroupedGemm.default_config.items()},
+    "BLOCK_M": [64], "BLOCK_N": [64], "BLOCK_K": [64], "GROUP_M": [1, 4], "num_warps": [4],
+    "num_stages": [2, 3], "PERSISTENT": [0, 1]}
 AMD_KEYS = {"waves_per_eu", "kpack", "matrix_instr_nonkdim"}
 
 

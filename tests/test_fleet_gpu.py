@@ -21,6 +21,7 @@ from rich.console import Console
 from harness.fleet import Fleet, Task, materialise, skeleton
 from harness.measure import Timing
 from harness.run import run
+from kernels.grouped_gemm import GroupedGemm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -194,15 +195,12 @@ def test_compile_ahead_survives_a_torch_compile_baseline(tmp_path: Path) -> None
         "shapes": [{"M": 3072, "N": 1408, "K": 2048, "E": 64}], "dtypes": ["bf16"],
         "search": {"sampler": "grid", "trials": 8, "warm_start": False,
                    "remeasure_top_k": 0},
-        # The 8 pointer-kernel configs and nothing else: every other tunable pinned.
-        "search_space": {"params": {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64],
+        # The 8 pointer-kernel configs and nothing else: every other tunable pinned at
+        # the kernel's default.
+        "search_space": {"params": {**{k: [v] for k, v in GroupedGemm.default_config.items()},
+                                    "BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64],
                                     "GROUP_M": [1, 8], "num_warps": [4, 8], "num_stages": [3],
-                                    "PERSISTENT": [0], "USE_TMA": [0],
-                                    **{k: [0] for k in ("FLATTEN", "TMA_STORE", "WARP_SPEC",
-                                                        "BLOCK_TABLE", "TAIL_SPLIT",
-                                                        "TAIL_WINDOW", "GLUON", "SWAP_AB",
-                                                        "TAIL_FINE", "DIRECT_STORE",
-                                                        "TALL_TILE", "TAIL_DEAL")}}},
+                                    "PERSISTENT": [0], "USE_TMA": [0]}},
         "timing": {"warmup_ms": 5, "rep_ms": 20},
         "baselines": {"compile": True},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
