@@ -91,20 +91,31 @@ def _add(a, b):
 
 @gluon.jit
 def _expert_blocks(offs_ptr, E, BM: gl.constexpr, TAIL_SPLIT: gl.constexpr,
-                   E_PAD: gl.constexpr, CW: gl.constexpr, TAIL_FINE: gl.constexpr = 0):
+                   E_PAD: gl.constexpr, CW: gl.constexpr, TAIL_FINE: gl.constexpr = 0,
+                   TALL: gl.constexpr = False):
     """INLINE's per-expert view of the routing, what the block table would list: each
     expert's (index, first row, end row, first m-block, m-blocks, the height class of its
     last block where that is a short one, else 0), as E_PAD-long vectors (the padding
     empty), whole in every warp of the CW that hold them (so that their reductions stay
     within a warp). A remainder of at most half a block is one short tile: class 1 (half
     a block), or with TAIL_FINE = f the least of BM/4 ... BM >> (1 + f) rows that holds
-    it (the table's classes for TAIL_SPLIT=1)."""
+    it (the table's classes for TAIL_SPLIT=1).
+
+    With TALL, as the table has it: an expert's rows are tall tiles of one and a half
+    blocks, the last of them taking a remainder of over one block; what is left (at most
+    a block) is one more tile, whose class plus one is the last entry (0 where the last
+    tile is a tall one): a full block, or a short tail as above."""
     lay: gl.constexpr = gl.BlockedLayout([E_PAD // 32], [32], [CW], [0])
     e = gl.arange(0, E_PAD, layout=lay)
     starts = gl.load(offs_ptr + e, mask=e < E, other=0)
     ends = gl.load(offs_ptr + e + 1, mask=e < E, other=0)
-    full = (ends - starts) // BM
-    rem = ends - starts - full * BM
+    STEP: gl.constexpr = BM + (BM // 2) * TALL
+    full = (ends - starts) // STEP
+    rem = ends - starts - full * STEP
+    if TALL:
+        over = rem > BM
+        full += over.to(gl.int32)
+        rem = gl.where(over, 0, rem)
     nblk = full + (rem > 0).to(gl.int32)
     if TAIL_SPLIT == 1:
         tail = ((rem > 0) & (rem <= BM // 2)).to(gl.int32)
@@ -113,13 +124,16 @@ def _expert_blocks(offs_ptr, E, BM: gl.constexpr, TAIL_SPLIT: gl.constexpr,
             short += tail * (rem <= (BM // 2) >> f).to(gl.int32)
     else:
         short = gl.zeros_like(rem)
+    if TALL:
+        short = gl.where(rem > 0, short + 1, 0)
     first = gl.associative_scan(nblk, 0, _add) - nblk
     return e, starts, ends, first, nblk, short
 
 
 @gluon.jit
 def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
-                      BM: gl.constexpr):
+                      BM: gl.constexpr, TALL: gl.constexpr = False,
+                      TALL_CLASS: gl.constexpr = 0):
     """``_tile_info`` without the table: the tile's m-block in the same grouped order,
     its expert the last non-empty one whose first m-block is at or before it."""
     e, starts, ends, first, nblk, short = blocks
@@ -128,11 +142,17 @@ def _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M: gl.constexpr,
     expert = gl.max(gl.where((first <= pid_m) & (nblk > 0), e, -1), 0)
     mine = e == expert
     j = pid_m - gl.sum(gl.where(mine, first, 0), 0)
-    m0 = gl.sum(gl.where(mine, starts, 0), 0) + j * BM
+    STEP: gl.constexpr = BM + (BM // 2) * TALL
+    m0 = gl.sum(gl.where(mine, starts, 0), 0) + j * STEP
     row_end = gl.sum(gl.where(mine, ends, 0), 0)
-    # The expert's last block runs at its short class (0 where it is a full one).
+    # The expert's last block runs at its short class (0 where it is a full one; with
+    # TALL, its class plus one, 0 where it is a tall one).
     nb = gl.sum(gl.where(mine, nblk, 0), 0)
-    h = (j + 1 == nb).to(gl.int32) * gl.sum(gl.where(mine, short, 0), 0)
+    last = (j + 1 == nb).to(gl.int32) * gl.sum(gl.where(mine, short, 0), 0)
+    if TALL:
+        h = last - 1 + (last == 0).to(gl.int32) * (TALL_CLASS + 1)
+    else:
+        h = last
     return expert, m0, row_end, pid_n, h
 
 
@@ -165,7 +185,8 @@ def _dealt(slot, blocks, total, P, num_pid_n):
 
 @gluon.jit
 def _tile_of(tile, sched, blocks, GROUP_M: gl.constexpr, BM: gl.constexpr,
-             INLINE: gl.constexpr, DEAL: gl.constexpr):
+             INLINE: gl.constexpr, DEAL: gl.constexpr, TALL: gl.constexpr,
+             TALL_CLASS: gl.constexpr):
     """(expert, first row, the expert's end row, n-tile, height class) of ``tile``: from
     the block table, or with INLINE from the experts' vectors (with DEAL, ``tile`` is a
     program's slot, see ``_dealt``)."""
@@ -173,7 +194,8 @@ def _tile_of(tile, sched, blocks, GROUP_M: gl.constexpr, BM: gl.constexpr,
     if DEAL:
         tile = _dealt(tile, blocks, total, P, num_pid_n)
     if INLINE:
-        info = _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M, BM)
+        info = _tile_info_inline(tile, blocks, num_pid_m, num_pid_n, GROUP_M, BM, TALL,
+                                 TALL_CLASS)
     else:
         info = _tile_info(tile, table_ptr, NB, num_pid_m, num_pid_n, GROUP_M)
     return info
@@ -194,7 +216,7 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
     a_boxes, w_desc, ready, empty, a_bufs, w_bufs, a2_bufs = ring
     blocks = 0
     if INLINE:
-        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, 1, TAIL_FINE)
+        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, 1, TAIL_FINE, TALL)
     p = 0
     j = 0
     tile = pid
@@ -203,7 +225,8 @@ def _producer(pid, sched, ring, handoff, BM: gl.constexpr, BN: gl.constexpr,
             _send(handoff, j, tile, NC)
         # Taken a tile ahead: the atomic's round trip hides under this tile's loads.
         nxt = _next_tile(tile, counter_ptr, P, DYNAMIC)
-        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE, DEAL)
+        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE,
+                                                  DEAL, TALL, TALL_CLASS)
         w_row = expert * N + pid_n * BN
         for kk in range(k_tiles):
             s = p % STAGES
@@ -363,14 +386,15 @@ def _consumer(pid, cid: gl.constexpr, sched, ring, turn, handoff, c_bufs, outs,
     my_turn = turn.index(cid)
     blocks = 0
     if INLINE:
-        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, CW, TAIL_FINE)
+        blocks = _expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD, CW, TAIL_FINE, TALL)
     i = 0
     if DYNAMIC:
         tile = _receive(handoff, cid, 0, CW)
     else:
         tile = pid + cid * P
     while tile < total:
-        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE, DEAL)
+        expert, m0, row_end, pid_n, h = _tile_of(tile, sched, blocks, GROUP_M, BM, INLINE,
+                                                  DEAL, TALL, TALL_CLASS)
         if NC == 2:
             mbarrier.wait(turn.index(1 - cid), (i + cid + 1) & 1)
         base = (NC * i + cid) * k_tiles
@@ -424,13 +448,15 @@ def grouped_gemm_gluon_ws_kernel(
     a half-block tail; the table's order), which saves the table's launch. DEAL (with
     INLINE, GROUP_M=1, a fixed stride): each wave's short tiles dealt round-robin across
     the programs (``_dealt``). INLINE with TAIL_FINE: an expert's short tail is one
-    piece of the least height that holds it, as the table has it."""
+    piece of the least height that holds it, as the table has it; with TALL, an
+    expert's tiles are tall ones and one last tile of at most a block, as the table has
+    them (``_expert_blocks``)."""
     NC: gl.constexpr = 2 if num_warps == 4 else 1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     if INLINE:
         num_pid_m = gl.sum(_expert_blocks(table_ptr, NB, BM, TAIL_SPLIT, E_PAD,
-                                          num_warps)[4], 0)
+                                          num_warps, 0, TALL)[4], 0)
     else:
         num_pid_m = gl.load(table_ptr + 4 * NB)
     num_pid_n = gl.cdiv(N, BN)

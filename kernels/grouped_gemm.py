@@ -997,11 +997,10 @@ class GroupedGemm(Launches, Kernel):
             # The warp-specialized engine by stride can find each tile's expert itself
             # (no table launch) where an expert's blocks are full ones and one short tail
             # (half a block, or with TAIL_FINE the least piece that holds it).
+            # With TALL_TILE its tiles are tall ones and one last tile of at most a block.
             del needs["BLOCK_TABLE"]
-            if (int(cfg["TAIL_SPLIT"]) > 1 or int(cfg["TALL_TILE"])
-                    or int(cfg["TAIL_WINDOW"])):
-                return ("GLUON=3 with BLOCK_TABLE=0 needs TAIL_SPLIT <= 1, TALL_TILE=0 and "
-                        "TAIL_WINDOW=0")
+            if int(cfg["TAIL_SPLIT"]) > 1 or int(cfg["TAIL_WINDOW"]):
+                return "GLUON=3 with BLOCK_TABLE=0 needs TAIL_SPLIT <= 1 and TAIL_WINDOW=0"
         wrong = [f"{k}={v}" for k, v in needs.items() if int(cfg[k]) != v]
         if wrong:
             return f"GLUON needs {', '.join(wrong)}"

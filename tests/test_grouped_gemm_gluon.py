@@ -99,6 +99,12 @@ CONFIGS = [
     {**PP, "num_stages": 5, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
      "SWAP_AB": 1, "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
     {**PP, "num_stages": 4, "GROUP_M": 4, "TAIL_SPLIT": 1, "TAIL_FINE": 1, "BLOCK_TABLE": 0},
+    # ... and tall tiles without the table: an expert's rows in tiles of 1.5 blocks, then
+    # one tile of at most a block (full, half or finer), dealt or not.
+    {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "SWAP_AB": 1, "TALL_TILE": 1,
+     "BLOCK_TABLE": 0, "TAIL_DEAL": 1},
+    {**PP, "num_stages": 4, "GROUP_M": 4, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
+     "SWAP_AB": 1, "TALL_TILE": 1, "BLOCK_TABLE": 0},
     # Tall tiles (1.5 blocks, two accumulators a consumer), with TMA stores or from
     # registers, tiles from the counter.
     {**PP, "num_stages": 4, "GROUP_M": 1, "TAIL_SPLIT": 1, "TAIL_FINE": 2, "TMA_STORE": 1,
@@ -193,6 +199,11 @@ def test_pruning_warp_specialized() -> None:
     assert KERNEL.check_config(inline, MOE, H100) is None
     assert "BLOCK_TABLE=1" in KERNEL.check_config({**inline, "GLUON": 4}, MOE, H100)
     assert "TAIL_SPLIT <= 1" in KERNEL.check_config({**inline, "TAIL_SPLIT": 2}, MOE, H100)
+    # ... its tiles tall ones (ping-pong, transposed), dealt or not.
+    for extra in ({}, {"GROUP_M": 1, "TAIL_DEAL": 1}, {"TAIL_FINE": 2}):
+        assert KERNEL.check_config({**inline, **extra, "SWAP_AB": 1, "TALL_TILE": 1}, MOE,
+                                   H100) is None
+    assert "SWAP_AB=1" in KERNEL.check_config({**inline, "TALL_TILE": 1}, MOE, H100)
     # ... its short tails in one piece of the least height, dealt or not.
     for fine in (1, 2):
         assert KERNEL.check_config({**inline, "TAIL_FINE": fine}, MOE, H100) is None
@@ -374,7 +385,7 @@ def test_gpu_empty_experts_and_compile_only(device: str, counts: list[int]) -> N
 @pytest.mark.gpu
 @needs_gluon
 @pytest.mark.parametrize("i", [0, WS[0], WS[3], WS[5], NO_TABLE[0], NO_TABLE[2], NO_TABLE[4],
-                               WS[-1]])
+                               NO_TABLE[6], WS[-1]])
 def test_gpu_in_a_cuda_graph(device: str, i: int) -> None:
     """Both launches (or the one, without a table) capture into a CUDA graph; a replay
     after the routing changed in the same offsets buffer gives the new answer."""

@@ -9,7 +9,8 @@ pipe's idle time around tile boundaries: this kernel overlaps one consumer's sto
 the other's wgmmas, as cuBLAS's Hopper kernels do.
 
     python3 benchmarks/device/diag_grouped_pingpong.py [--rounds 5] [--rep 100] [--json F] \
-        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|inline|stores|onepiece]
+        [--study main|sweep|grid|window|coop|fine|direct|swap|tails|tall|inline|stores|onepiece|
+         tallinline]
 
 Study ``sweep``: GLUON=3's own options (stages, grouped order, tail split, TMA store) on
 the log-normal routing, one round each, to pick the ones ``main`` times. Study ``grid``:
@@ -22,7 +23,8 @@ expert's tail in one piece (``tail_configs``). Study ``tall``: ping-pong tiles o
 blocks (``tall_configs``). Study ``inline``: no block table launch
 (``inline_configs``). Study ``stores``: the pack's kind of config with and without TMA
 stores (``store_configs``). Study ``onepiece``: without the table, short tails in one
-piece of the least height (``inline_fine_configs``).
+piece of the least height (``inline_fine_configs``). Study ``tallinline``: tall tiles
+without the table (``tall_inline_configs``).
 """
 
 from __future__ import annotations
@@ -242,6 +244,26 @@ def inline_fine_configs() -> dict[str, dict]:
     return out
 
 
+def tall_inline_configs() -> dict[str, dict]:
+    """Study ``tallinline`` (session 24): tall tiles (1.5 blocks, a W box for 192 rows)
+    without the table, so one launch; an expert's rows in tall tiles and one last tile
+    of at most a block, dealt or not, beside the H200 pack (s4 dealt, 128-row tiles) and
+    the finalists' best median (s5 dealt, TMA stores). Tall tiles need 4 stages (their
+    slots hold half a block more of A); with the table and the counter they bought
+    nothing on the H200 and 5-6 points on the H100 (session 20)."""
+    pack = pingpong(num_stages=4, SWAP_AB=1, BLOCK_TABLE=0, TMA_STORE=0, TAIL_DEAL=1)
+    tall = {**pack, "TALL_TILE": 1}
+    return {"the H200 pack: s4 dealt": pack,
+            "s5 dealt, TMA stores": {**pack, "num_stages": 5, "TMA_STORE": 1},
+            "tall s4, no table, dealt": tall,
+            "tall s4, no table, dealt, TMA stores": {**tall, "TMA_STORE": 1},
+            "tall s4, no table, dealt, one-piece tails": {**tall, "TAIL_FINE": 2},
+            "tall s4, no table": {**tall, "TAIL_DEAL": 0},
+            "tall s4, table": {**tall, "TAIL_DEAL": 0, "BLOCK_TABLE": 1},
+            "the H200 pack: s4 dealt (again)": pack,
+            "tall s4, no table, dealt (again)": tall}
+
+
 def main_configs() -> dict[str, dict]:
     """The best Triton config, the Gluon engine and this GPU's pack beside GLUON=3 / 4
     and the transposed ping-pong (ping-pong s5 twice: the run's noise floor)."""
@@ -277,6 +299,8 @@ def main() -> None:
     elif args.study == "onepiece":
         cfgs = inline_fine_configs()
         del problems["balanced"]
+    elif args.study == "tallinline":
+        cfgs = tall_inline_configs()
     elif args.study == "inline":
         cfgs = inline_configs()
         del problems["balanced"]
