@@ -17,7 +17,8 @@ than ``CONSISTENT_GAP`` in every one of at least ``CONSISTENT_ROUNDS`` rounds: a
 that the interleaved rounds keep every time is a measurement, not noise), the one that is
 more robust across neighbouring shapes wins: the one whose latency, relative to the best
 of each other study of the same kernel, dtype and hardware, is lowest on average where it
-was measured there. With no such evidence the
+was measured there (by its re-measured median where that study re-measured it, else by
+the search's one measurement: ``best_estimates``). With no such evidence the
 pack's current winner for the shape (the incumbent, re-measured beside the top configs
 where the search found it within ``INCUMBENT_BAND`` of its best) stays if it is among
 them: a re-tune replaces a pack entry only for a config measurably faster, so packs do
@@ -145,6 +146,17 @@ def robustness(config: Mapping[str, Any],
     k = config_key(config)
     ratios = [n[k] / min(n.values()) for n in neighbours if k in n and n]
     return statistics.fmean(ratios) if ratios else math.inf
+
+
+def best_estimates(search: Mapping[str, float],
+                   cands: Sequence[Candidate]) -> dict[str, float]:
+    """Config key -> a study's best estimate of each config's latency, as a neighbour's
+    evidence for ``robustness``: the median of its re-measurements where it has them
+    (interleaved, longer windows), else the search's one measurement (on an H200 a
+    config's search latency moved by up to 10 % between runs)."""
+    out = dict(search)
+    out.update({config_key(c.config): c.median for c in cands if c.samples})
+    return out
 
 
 def footprint(config: Mapping[str, Any]) -> tuple:

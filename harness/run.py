@@ -766,7 +766,8 @@ def _remeasure_top(exp: experiment.Experiment, fleet: Fleet, studies: list[Study
     for st in studies:
         if not st.candidates:
             continue
-        others = [o.search.latencies() for o in studies if o is not st
+        others = [remeasure.best_estimates(o.search.latencies(), o.candidates)
+                  for o in studies if o is not st
                   and (o.spec.kernel, o.spec.dtype, o.spec.hardware)
                   == (st.spec.kernel, st.spec.dtype, st.spec.hardware)]
         chosen = remeasure.pick(st.candidates, lambda c, n=others: remeasure.robustness(c, n),

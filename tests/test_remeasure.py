@@ -50,6 +50,26 @@ def test_ties_go_to_the_config_robust_across_neighbouring_shapes() -> None:
     assert math.isinf(remeasure.robustness({"x": 9}, neighbours))
 
 
+def test_neighbours_evidence_is_their_remeasured_median_where_they_have_one() -> None:
+    """A neighbouring study's search put x=1 ahead by luck; its re-measurements put x=2
+    ahead: the tie here goes to x=2. A config it never re-measured keeps its search
+    latency, and one that failed every re-measurement too."""
+    search = {config_key({"x": 1}): 1.00, config_key({"x": 2}): 1.08,
+              config_key({"x": 3}): 1.50, config_key({"x": 4}): 1.20}
+    remeasured = [Candidate({"x": 1}, 1.00, samples=[1.10, 1.12, 1.11]),
+                  Candidate({"x": 2}, 1.08, samples=[1.02, 1.01, 1.03]),
+                  Candidate({"x": 4}, 1.20, failures=["boom"])]
+    got = remeasure.best_estimates(search, remeasured)
+    assert got == {config_key({"x": 1}): 1.11, config_key({"x": 2}): 1.02,
+                   config_key({"x": 3}): 1.50, config_key({"x": 4}): 1.20}
+    a = Candidate({"x": 1}, 1.0, samples=[1.000, 1.004, 0.998])
+    b = Candidate({"x": 2}, 1.0, samples=[1.003, 1.001, 1.005])
+    win, why = remeasure.pick([a, b], lambda cfg: remeasure.robustness(cfg, [got]))
+    assert win is b and "robust" in why
+    win, _ = remeasure.pick([a, b], lambda cfg: remeasure.robustness(cfg, [search]))
+    assert win is a
+
+
 def test_ties_without_neighbours_go_to_the_smallest_footprint_whatever_the_noise() -> None:
     """A re-run whose top configs tie the other way round picks the same winner: within
     noise, fewer stages, then fewer warps, then the smaller tile wins."""
