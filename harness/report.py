@@ -66,6 +66,39 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
+# The accuracy bands a report sorts configs into: the MiniGPT write-up's atol (1e-3), and
+# the looser bound that reduced-precision configs are usually held to (1e-2).
+ACCURACY_BANDS = (1e-3, 1e-2)
+
+
+def accuracy_bands(trials: list, bands: tuple[float, ...] = ACCURACY_BANDS
+                   ) -> list[dict[str, Any]]:
+    """Each trial whose accuracy was checked, in the tightest band its max abs error meets
+    (the last band: above every bound), with the band's fastest config. A trial that the
+    experiment's own ``max_abs_err`` failed is counted in its band as well: it is the
+    config that "only meets a looser bound"."""
+    pairs = zip(bands, bands[1:], strict=False)
+    labels = [f"<= {bands[0]:g}", *(f"{lo:g} .. {hi:g}" for lo, hi in pairs),
+              f"> {bands[-1]:g}"]
+    rows: list[dict[str, Any]] = [
+        {"bound": bound, "label": label, "configs": 0, "failed_requirement": 0,
+         "best_ms": math.nan, "best_err": math.nan, "config": None}
+        for bound, label in zip((*bands, math.inf), labels, strict=True)]
+    for t in trials:
+        res = t.user_attrs.get(ATTR_RESULT) or {}
+        err = _num(res.get("max_abs_err"))
+        if err != err:  # never checked (compile failure, time-out, pruned)
+            continue
+        row = next(r for r in rows if err <= r["bound"])
+        row["configs"] += 1
+        if str(res.get("reason", "")).startswith("accuracy requirement"):
+            row["failed_requirement"] += 1
+        ms = _num(res.get("latency_ms"))
+        if ms == ms and not ms >= row["best_ms"]:
+            row.update(best_ms=ms, best_err=err, config=dict(t.params))
+    return rows
+
+
 def history_png(study, title: str) -> bytes | None:
     """Optuna's optimisation history (latency per trial and best so far)."""
     if not _measured(study):
@@ -229,7 +262,8 @@ def collect(run_dir: Path, tracking_uri: str | None = None,
                                                                      "default")}
         row = {**info, "study": s.study_name, "counts": counts, "failures": reasons[:5],
                "config": dict(best.params) if best else None, "result": res,
-               "baselines": base, "mlflow_run_id": attrs.get("mlflow_run_id")}
+               "baselines": base, "mlflow_run_id": attrs.get("mlflow_run_id"),
+               "accuracy": accuracy_bands(study.get_trials(deepcopy=False))}
         row.update({f"speedup_vs_{k}": _speedup(v, res.get("latency_ms"))
                     for k, v in base.items()})
         if with_plots:
@@ -401,6 +435,27 @@ def render(data: dict[str, Any]) -> str:
         parts.append("<h3>Failures (first per study)</h3>")
         parts.append(_table(["study", "reason"],
                             [[_e(s["study"]), _e(redact(f)[:300])] for s, f in failures]))
+
+    parts.append("<h2>Accuracy</h2>")
+    parts.append("<p class='muted'>Every config whose output was checked, by the tightest "
+                 "bound its max abs error meets, and the fastest in each band (a config "
+                 "the experiment's <code>max_abs_err</code> failed is counted in its band "
+                 "and in the last column).</p>")
+    rows = []
+    for s in studies:
+        for b in s["accuracy"]:
+            if not b["configs"]:
+                continue
+            rows.append([_e(s["hardware"]), _e(s["kernel"]), _e(s["shape"]), _e(s["dtype"]),
+                         _e(b["label"]), str(b["configs"]), _f(b["best_ms"], ".4g", " ms"),
+                         _f(b["best_err"], ".3g"), _cfg(b["config"]),
+                         str(b["failed_requirement"])])
+    if rows:
+        parts.append(_table(["hardware", "kernel", "shape", "dtype", "max abs err",
+                             "configs", "fastest", "its max abs err", "its config",
+                             "failed the required bound"], rows, "accuracy"))
+    else:
+        parts.append("<p class='muted'>no config's accuracy was checked</p>")
 
     parts.append("<h2>Across hardware</h2>")
     hws = sorted({s["hardware"] for s in studies})

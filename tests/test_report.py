@@ -76,6 +76,9 @@ def test_report_html(finished):
     summary = text.split("<h2>Summary</h2>", 1)[1].split("<h2>", 1)[0]
     assert f"{entry['metrics']['latency_ms']:.4g} ms" in summary
     assert f"GROUP_M={entry['config']['GROUP_M']}" in summary and SKEY in summary
+    # Accuracy: the measured configs by the bound their error meets, with the fastest.
+    acc = text.split("<h2>Accuracy</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "fastest" in acc and SKEY in acc and "no config's accuracy" not in acc
     # Pack diff: the shape this run tuned changed; the other entry is kept as it was.
     packs = text.split("<h2>Pack changes</h2>", 1)[1].split("<h2>", 1)[0]
     assert "config changed" in packs and "999" in packs and "same config" in packs
@@ -134,3 +137,52 @@ def test_report_renders_in_chromium(finished, tmp_path):
     small = img.resize((140, 200))
     px = small.load()
     assert any(px[x, y][2] > 150 and px[x, y][0] < 120 for x in range(140) for y in range(200))
+
+
+def _trial(err: float, ms: float, x: int, reason: str = ""):
+    import optuna
+
+    res = {"ok": not reason, "reason": reason, "latency_ms": ms, "max_abs_err": err}
+    return optuna.trial.create_trial(
+        params={"x": x}, distributions={"x": optuna.distributions.IntDistribution(0, 99)},
+        value=ms, user_attrs={"status": "failed" if reason else "measured", "result": res})
+
+
+def test_accuracy_bands_sort_configs_by_the_tightest_bound_they_meet():
+    """Fastest config per band; a config the experiment's bound failed counts in its band;
+    an error exactly at a bound is within it; unchecked trials are left out."""
+    from harness.report import accuracy_bands
+
+    trials = [_trial(8.6e-4, 0.60, 1), _trial(9.9e-4, 0.55, 2), _trial(1e-3, 0.58, 3),
+              _trial(1.02e-3, 0.50, 4, "accuracy requirement: max_abs_err 0.00102 > "
+                                       "required 0.001"),
+              _trial(5e-3, 0.52, 5), _trial(0.3, 0.40, 6), _trial(float("nan"), 0.1, 7)]
+    bands = accuracy_bands(trials)
+    assert [b["label"] for b in bands] == ["<= 0.001", "0.001 .. 0.01", "> 0.01"]
+    assert [b["configs"] for b in bands] == [3, 2, 1]
+    assert [b["failed_requirement"] for b in bands] == [0, 1, 0]
+    assert [b["config"] for b in bands] == [{"x": 2}, {"x": 4}, {"x": 6}]
+    assert bands[0]["best_ms"] == 0.55 and bands[0]["best_err"] == 9.9e-4
+
+
+def test_accuracy_section_of_a_real_h200_minigpt_run(tmp_path):
+    """The MiniGPT tuning run of session 4 (H200, max_abs_err 1e-3 required): at B=128 two
+    fp16 configs only meet the looser bound (1.02e-3) and the report says so."""
+    import gzip
+
+    from harness.report import collect, render
+
+    src = (Path(__file__).parent.parent / "benchmarks" / "results" / "H200"
+           / "2026-11-22-session4-call4" / "runs" / "zoo-minigpt-block" / "optuna.db.gz")
+    run = tmp_path / "zoo-minigpt-block"
+    run.mkdir()
+    (run / "optuna.db").write_bytes(gzip.decompress(src.read_bytes()))
+    data = collect(run, with_plots=False)
+    by_shape = {s["shape"]: s["accuracy"] for s in data["studies"]}
+    b128 = by_shape["B=128,T=512,C=768,H=8"]
+    assert b128[1]["configs"] == b128[1]["failed_requirement"] == 2
+    assert 1e-3 < b128[1]["best_err"] <= 1e-2
+    assert b128[0]["configs"] > 0 and b128[0]["best_err"] <= 1e-3
+    assert by_shape["B=32,T=512,C=768,H=8"][1]["configs"] == 0
+    section = render(data).split("<h2>Accuracy</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "0.001 .. 0.01" in section and "PRECISION=fp16" in section
