@@ -65,7 +65,7 @@ MINI: list[dict[str, Any]] = [
      "num_stages": 5, "PERSISTENT": 0, "USE_TMA": 1},
     {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
      "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1},
-    # The block table and split expert tails (session 11).
+    # The block table and split expert tails.
     {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
      "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,

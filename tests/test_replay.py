@@ -283,7 +283,7 @@ def test_every_grid_experiment_covers_its_grid(path: Path) -> None:
 
 
 def test_record_script_runs_the_sweeps() -> None:
-    script = (ROOT / "benchmarks" / "device" / "record_sweeps.sh").read_text()
+    script = (ROOT / "benchmarks" / "record_sweeps.sh").read_text()
     for p in SWEEPS:
         assert f"configs/sweeps/{p.name}" in script
     assert "configs/matmul_grid216.yaml" in script and "export-all" in script

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Record the exhaustive sweeps of the replay benchmark (harness/replay.py) on this GPU box:
+# every sweep experiment runs against one `ray start --head` (each run joins it through
+# RAY_ADDRESS), within BUDGET_S seconds (default 300), then every study is exported to
+# $OUT/replay/<HW>/<kernel>__<shape>__<dtype>.json: copy those into benchmarks/replay/.
+#
+# Usage: record_sweeps.sh [config[:seconds] ...]   (default: the list below, in order)
+# A sweep starts only if its estimated seconds are left; one that is already recorded
+# completely in runs/ (configs/matmul_grid216.yaml run earlier on this box) is not run
+# again. A sweep cut short is exported too but flagged INCOMPLETE (the bench skips it).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+: "${OUT:?set OUT to the output directory}"
+BUDGET_S=${BUDGET_S:-300}
+RESERVE_S=${RESERVE_S:-25}   # kept for the export at the end
+L=$OUT/replay_logs
+mkdir -p "$L"
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+
+# Most wanted first. Seconds: rough wall time on one H200 with 16 cores, start-up included.
+DEFAULT=(
+  configs/sweeps/grouped_gemm_prefill.yaml:60   # 192 configs (20 pruned), the MoE case
+  configs/sweeps/matmul_skinny.yaml:35          # 216 configs (76 pruned), cached binaries
+  configs/sweeps/rmsnorm.yaml:30                # 2 x 30 configs, compiled on first launch
+  configs/matmul_grid216.yaml:90                # 216 configs (24 pruned), 8192^3
+  configs/sweeps/grouped_gemm_decode.yaml:45    # 192 configs, the prefill's binaries
+)
+items=("$@"); [ ${#items[@]} -eq 0 ] && items=("${DEFAULT[@]}")
+
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader;
+  python3 -c "import torch, triton, optuna; print('torch', torch.__version__, 'triton', triton.__version__, 'optuna', optuna.__version__)"; } > "$L/env.txt" 2>&1
+cat "$L/env.txt"
+
+# START_RAY=0: no shared head (each run starts its own local Ray; for dry runs).
+cleanup() { [ "${START_RAY:-1}" = 1 ] && ray stop > /dev/null 2>&1; return 0; }
+trap cleanup EXIT
+trap 'echo "record_sweeps: terminated at $(el) s"; exit 143' TERM INT
+if [ "${START_RAY:-1}" = 1 ]; then
+  ray start --head --node-ip-address=127.0.0.1 --dashboard-host=127.0.0.1 \
+      --include-dashboard=false > "$L/ray_start.txt" 2>&1 || { cat "$L/ray_start.txt"; exit 1; }
+  export RAY_ADDRESS=127.0.0.1:6379
+fi
+
+names=()
+for item in "${items[@]}"; do
+  cfg=${item%%:*}; est=${item#*:}; [ "$est" = "$item" ] && est=40
+  name=$(sed -n 's/^name: *//p' "$cfg" | head -1)
+  names+=("$name")
+  if [ -f "runs/$name/optuna.db" ] && python3 -m harness.replay check "$cfg" > "$L/$name.check" 2>&1; then
+    echo "$name: already recorded ($(cat "$L/$name.check")), t=$(el) s"; continue
+  fi
+  left=$(( BUDGET_S - RESERVE_S - $(el) ))
+  if [ $left -lt "$est" ]; then echo "skip $name: ${left} s left, needs ~${est} s"; continue; fi
+  timeout $left python3 -m harness run "$cfg" --json > "$L/$name.json" 2> "$L/$name.log"
+  rc=$?
+  echo "$name rc=$rc t=$(el) s$([ $rc -eq 124 ] && echo ' (cut short)')"
+done
+cleanup
+
+python3 -m harness.replay export-all --runs runs --out "$OUT/replay" --experiments "${names[@]}" \
+    2> "$L/export.log" | tee "$L/export.txt"
+python3 -m harness.replay summary "$OUT/replay" > "$L/summary.jsonl" 2>> "$L/export.log"
+python3 - "$L/summary.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    c = json.loads(line)
+    print(f"{c['case']}: grid {c['grid']} ({c['ok']} ok/{c['failed']} failed/{c['pruned']} pruned)"
+          f"{'' if c['complete'] else ' INCOMPLETE'}, optimum {c['optimum_ms']:.4g} ms "
+          f"{c['optimum']}, {c['within_tol']} within 2%, grid GPU time {c['grid_cost_s']:.1f} s")
+PY
+echo "record_sweeps done in $(el) s"
