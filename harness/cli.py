@@ -56,9 +56,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from harness.experiment import ExperimentError, load
 
     try:
-        # The file's form, before importing Ray and friends; the checks that import the
-        # kernel family (torch: seconds) run in ``run`` while Ray starts.
-        load(args.experiment, args.set or (), semantics=False)
+        # Every check, the kernel family's included, before Ray starts: a bad file leaves
+        # nothing behind, not even a Ray session.
+        load(args.experiment, args.set or ())
     except ExperimentError as exc:
         console.print(f"[bold red]error:[/] {exc}")
         return EXIT_BAD_INPUT

@@ -17,11 +17,13 @@ _KEYS: list[tuple[str, str, str]] = [
     (r"\bH100\b", "H100", "nvidia"),
     (r"\bH800\b", "H800", "nvidia"),
     (r"\bGH200\b", "GH200", "nvidia"),
+    (r"\bB200\b", "B200", "nvidia"),
     (r"\bA100\b", "A100", "nvidia"),
     (r"\bA10G?\b", "A10", "nvidia"),
     (r"\bL40S\b", "L40S", "nvidia"),
     (r"\bL4\b", "L4", "nvidia"),
     (r"\bV710\b", "V710", "amd"),
+    (r"\bMI325X\b", "MI325X", "amd"),
     (r"\bMI300X\b", "MI300X", "amd"),
     (r"\bMI250X?\b", "MI250", "amd"),
 ]
@@ -30,6 +32,35 @@ _KEYS: list[tuple[str, str, str]] = [
 _SMEM_FALLBACK = {"H100": 227 * 1024, "H200": 227 * 1024, "A100": 163 * 1024, "V710": 64 * 1024}
 
 KNOWN_KEYS = ("H100", "H200", "A100", "V710", "cpu")
+
+#: Device memory of the largest variant of each known GPU (bytes): what a shape's inputs
+#: must fit in. The CPU's is this host's.
+_MEMORY = {"H100": 94e9, "H200": 141e9, "H800": 80e9, "GH200": 144e9, "B200": 192e9,
+           "A100": 80e9, "A10": 24e9, "L40S": 48e9, "L4": 24e9, "V710": 28e9,
+           "MI300X": 192e9, "MI325X": 256e9, "MI250": 128e9}
+#: Keys derived from the name of a GPU the table does not know (``hardware_key``).
+_DERIVED = re.compile(r"(NVIDIA|AMD|Intel|Radeon)-[A-Za-z0-9-]+", re.IGNORECASE)
+
+
+def known_keys() -> list[str]:
+    """The hardware keys an experiment may name (a GPU the table does not know goes by
+    its device name, e.g. ``NVIDIA-GeForce-RTX-4090``)."""
+    return sorted({k for _, k, _ in _KEYS} | {"cpu"})
+
+
+def is_known_key(key: str) -> bool:
+    return key in known_keys() or bool(_DERIVED.fullmatch(key))
+
+
+def memory_bytes(key: str) -> float | None:
+    """The device memory of a hardware key (the largest variant; the host's for ``cpu``),
+    or None where it is not known."""
+    if key == "cpu":
+        try:
+            return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return _MEMORY.get(key)
 
 
 def hardware_key(device_name: str) -> str:

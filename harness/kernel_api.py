@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,55 @@ class Tolerance:
     rtol: float
 
 
+#: The value types a tunable may have (a config is JSON: no other types survive a pack).
+TUNABLE_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One tunable of a kernel family: the type of its values and, where they form a
+    closed set (an implementation name, a precision), the values themselves."""
+
+    type: str  # one of TUNABLE_TYPES
+    choices: tuple[Any, ...] | None = None  # the only values allowed (None: any of the type)
+    minimum: float | None = None  # numbers: the smallest value allowed
+
+    def why_not(self, value: Any) -> str | None:
+        """Why ``value`` cannot be a value of this tunable (None if it can)."""
+        want = TUNABLE_TYPES[self.type]
+        # bool is an int to Python, never to a kernel; an int is a fine float.
+        ok = (isinstance(value, want) and not (want is not bool and isinstance(value, bool))
+              ) or (want is float and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            return f"{value!r} is not of type {self.type}"
+        if want is float and not math.isfinite(value):
+            return f"{value!r} is not a finite number"
+        if self.choices is not None and value not in self.choices:
+            return f"{value!r} is not one of {list(self.choices)}"
+        if self.minimum is not None and value < self.minimum:
+            return f"{value!r} is below the minimum {self.minimum:g}"
+        return None
+
+
+def infer_tunable(values: list[Any]) -> Tunable | None:
+    """The declaration that the values of a search space imply: their common type; strings
+    and booleans as the closed set seen, numbers non-negative where all seen are. None
+    where the values share no type (then nothing is checked)."""
+    if not values:
+        return None
+    if all(isinstance(v, bool) for v in values):
+        return Tunable("bool", (False, True))
+    if all(isinstance(v, str) for v in values):
+        return Tunable("str", tuple(dict.fromkeys(values)))
+    if any(isinstance(v, bool) for v in values):
+        return None
+    kind = "int" if all(isinstance(v, int) for v in values) else (
+        "float" if all(isinstance(v, (int, float)) for v in values) else None)
+    if kind is None:
+        return None
+    return Tunable(kind, minimum=0 if all(v >= 0 for v in values) else None)
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """What static pruning may know about the target device (no GPU needed)."""
@@ -79,6 +129,9 @@ class Kernel(ABC):
     #: family's name), else ``space`` (same structure; handy for a user's own kernel).
     space_name: ClassVar[str | None] = None
     space: ClassVar[dict[str, Any]] = {}
+    #: The tunables, typed (name -> Tunable). Those not declared here are inferred from
+    #: the search space and the default config (``declared_tunables``).
+    tunables: ClassVar[dict[str, Tunable]] = {}
 
     # -- inputs and semantics ---------------------------------------------------------
     @abstractmethod
@@ -137,6 +190,41 @@ class Kernel(ABC):
 
         This is static pruning: it runs on the driver, before any GPU time is spent.
         """
+        return None
+
+    def declared_tunables(self) -> dict[str, Tunable | None]:
+        """Every tunable the family knows: ``tunables``, then each name of its search space
+        (every vendor and hardware section) and of its default config, with the type its
+        values there imply (None: no common type, any scalar goes)."""
+        cached = self.__dict__.get("_declared")
+        if cached is not None:
+            return cached
+        from harness import spaces  # data only (YAML): keeps this module light
+
+        seen: dict[str, list[Any]] = {k: [v] for k, v in self.default_config.items()}
+        raw = spaces.for_kernel(self)
+        layers = [raw, *(raw.get("vendors") or {}).values(), *(raw.get("hardware") or {}).values()]
+        for layer in layers:
+            params = (layer or {}).get("params") or {}
+            for k, choices in params.items():
+                seen.setdefault(k, []).extend(choices if isinstance(choices, list) else [])
+        out: dict[str, Tunable | None] = {k: infer_tunable(v) for k, v in seen.items()}
+        out.update(self.tunables)
+        self.__dict__["_declared"] = out
+        return out
+
+    def check_tunables(self, config: Config) -> str | None:
+        """Why ``config`` names a tunable the family does not have, or gives one a value
+        of the wrong type (None if neither). ``check_config`` then judges the values."""
+        declared = self.declared_tunables()
+        for name, value in config.items():
+            if name not in declared:
+                return (f"unknown tunable {name!r} (the tunables of {self.name}: "
+                        f"{', '.join(sorted(declared))})")
+            decl = declared[name]
+            why = decl.why_not(value) if decl is not None else None
+            if why:
+                return f"{name}: {why}"
         return None
 
     # -- pack lookup ------------------------------------------------------------------
@@ -245,10 +333,14 @@ class SingleLaunch(Launches):
         return [Launch(jit_fn, grid, args, meta)], out
 
 
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_IMPORT_PATH = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}")
+
+
 def resolve(name_or_path: str) -> type[Kernel]:
     """Find a kernel family class by registered name or ``package.module:Class``."""
     path = BUILTIN.get(name_or_path, name_or_path)
-    if ":" not in path:
+    if not _IMPORT_PATH.fullmatch(path):
         raise KeyError(
             f"unknown kernel {name_or_path!r}: registered are {sorted(BUILTIN)}, "
             "or give an import path 'package.module:Class'"

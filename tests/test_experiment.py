@@ -34,9 +34,54 @@ def test_good_file_loads_and_plans(tmp_path):
     assert studies[0].name == "t/grouped_gemm/M=320,N=128,K=128,E=4/fp16/H100"
 
 
+# -- up-front checks: each bad file exits 2 naming the field, before anything is written --
+BAD_FILES = [
+    # search-space values against the kernel's declared tunables
+    ({"search_space": {"params": {"BLOCK_M": ["abc"]}}}, "search_space.params.BLOCK_M[0]",
+     "not of type int"),
+    ({"search_space": {"params": {"BLOCK_M": [64, "128"]}}}, "search_space.params.BLOCK_M[1]",
+     "not of type int"),
+    ({"search_space": {"params": {"BLOCK_M": [True]}}}, "search_space.params.BLOCK_M[0]",
+     "not of type int"),
+    ({"search_space": {"params": {"BLOCK_M": [-64]}}}, "search_space.params.BLOCK_M[0]",
+     "minimum"),
+    ({"search_space": {"params": {"BLOCK_M": [[64]]}}}, "search_space.params.BLOCK_M[0]",
+     "valid"),
+    ({"search_space": {"params": "x"}}, "search_space.params", "dictionary"),
+    ({"search_space": {"hardware": {"cpu": "x"}}}, "search_space.hardware.cpu", "SpaceSection"),
+    ({"search_space": {"hardware": {"cpu": {"params": {"BLOCK_M": []}}}}},
+     "search_space.hardware.cpu.params.BLOCK_M", "at least 1"),
+    ({"search_space": {"hardware": {"H900": {"params": {"BLOCK_M": [64]}}}}},
+     "search_space.hardware", "H900"),
+    ({"search_space": {"vendors": {"intel": {}}}}, "search_space.vendors", "nvidia"),
+    ({"search_space": {"params": {"BLOCK_Q": [1]}}}, "search_space.params.BLOCK_Q",
+     "unknown tunable"),
+    ({"search_space": {"params": {"BLOCK_Q": None}}}, "search_space.params.BLOCK_Q",
+     "unknown tunable"),
+    # every tunable removed: nothing to tune
+    ({"hardware": ["cpu"], "search_space": {"params": dict.fromkeys(
+        ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "PERSISTENT",
+         "USE_TMA", "FLATTEN", "TMA_STORE", "BLOCK_TABLE", "TAIL_SPLIT", "TAIL_WINDOW", "GLUON",
+         "SWAP_AB", "TAIL_FINE", "DIRECT_STORE", "TALL_TILE", "TAIL_DEAL", "waves_per_eu",
+         "matrix_instr_nonkdim", "kpack"])}}, "search_space", "nothing to tune"),
+    # kernel paths
+    ({"kernel": ":Foo"}, "kernel", "unknown kernel"),
+    ({"kernel": "os:"}, "kernel", "unknown kernel"),
+    ({"kernel": "json:JSONDecoder"}, "kernel", "not a harness.kernel_api.Kernel"),
+    # hardware names
+    ({"hardware": ["H900"]}, "hardware", "known keys are"),
+    ({"hardware": ["H100", "H900"]}, "hardware", "H900"),
+    # a shape whose inputs cannot fit the devices
+    ({"shapes": [{"M": 100000000000000, "N": 128, "K": 128, "E": 4}]}, "shapes[0]",
+     "GB of memory of"),
+    ({"hardware": ["L4"], "shapes": [{"M": 400000000, "N": 4096, "K": 4096, "E": 8}]},
+     "shapes[0]", "memory of L4"),
+]
+
+
 @pytest.mark.parametrize(
     ("patch", "field", "words"),
-    [
+    BAD_FILES + [
         ({"kernel": "no_such_kernel"}, "kernel", "unknown kernel"),
         ({"kernel": "nowhere.mod:Thing"}, "kernel", "nowhere"),
         ({"shapes": [{"M": 1, "N": 2}]}, "shapes[0]", "missing"),
@@ -49,7 +94,7 @@ def test_good_file_loads_and_plans(tmp_path):
         ({"search": {"trials": 3, "samplr": "tpe"}}, "search.samplr", "Extra inputs"),
         ({"hardware": ["auto", "H100"]}, "hardware", "auto"),
         ({"search_space": {"params": {"BLOCK_M": []}}}, "search_space", "BLOCK_M"),
-        ({"search_space": {"knobs": {}}}, "search_space.knobs", "expected"),
+        ({"search_space": {"knobs": {}}}, "search_space.knobs", "Extra inputs"),
         ({"name": "has space"}, "name", "letters"),
         ({"timing": {"rep_ms": -1}}, "timing.rep_ms", "greater than"),
     ],
@@ -111,3 +156,75 @@ def test_overrides_apply_over_the_file_before_validation(tmp_path) -> None:
         with pytest.raises(ExperimentError) as err:
             load(path, [bad])
         assert str(path) in str(err.value) and field in str(err.value), (bad, err.value)
+
+
+def test_the_declared_tunables_are_typed():
+    from harness import kernel_api
+
+    gg = kernel_api.get("grouped_gemm").declared_tunables()
+    assert gg["BLOCK_M"].type == "int" and gg["BLOCK_M"].why_not(16) is None
+    assert gg["waves_per_eu"].type == "int"  # from the AMD section of the space
+    ssd = kernel_api.get("mamba2_ssd").declared_tunables()
+    assert ssd["IMPL"].type == "str" and ssd["IMPL"].why_not("four") is not None
+    assert kernel_api.get("matmul").check_tunables({"BLOCK_M": "128"}) == \
+        "BLOCK_M: '128' is not of type int"
+
+
+def test_a_duplicate_key_is_refused(tmp_path):
+    path = _write(tmp_path, GOOD + "search: {trials: 5}\n")
+    with pytest.raises(experiment.ExperimentError, match="'search' is given twice"):
+        experiment.load(path)
+    path = _write(tmp_path, GOOD.replace("{trials: 3}", "{trials: 3, trials: 4}"))
+    with pytest.raises(experiment.ExperimentError, match="'trials' is given twice"):
+        experiment.load(path)
+    # A YAML merge key may still be overridden by the mapping's own keys.
+    path = _write(tmp_path, "base: &b {trials: 3}\n" + GOOD.replace(
+        "search: {trials: 3}", "search: {<<: *b, trials: 4}"))
+    with pytest.raises(experiment.ExperimentError, match="base"):  # only 'base' is wrong
+        experiment.load(path)
+
+
+def test_a_large_file_is_refused_before_it_is_parsed(tmp_path):
+    import time
+
+    path = tmp_path / "big.yaml"
+    path.write_text(GOOD + "#" + "x" * (50 << 20) + "\n")
+    t0 = time.monotonic()
+    with pytest.raises(experiment.ExperimentError, match="larger than 256 KB"):
+        experiment.load(path)
+    assert time.monotonic() - t0 < 1.0
+    (tmp_path / "bin.yaml").write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(experiment.ExperimentError, match="not UTF-8"):
+        experiment.load(tmp_path / "bin.yaml")
+
+
+def test_every_shipped_experiment_passes(tmp_path):
+    """The checks refuse bad files, not the repository's own."""
+    root = Path(__file__).resolve().parents[1] / "configs"
+    for path in sorted(root.rglob("*.yaml")):
+        experiment.load(path)
+
+
+def _listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(("patch", "field", "words"), [BAD_FILES[0], BAD_FILES[16],
+                                                       BAD_FILES[18]])
+def test_command_refuses_before_ray_starts(tmp_path, monkeypatch, capsys, patch, field, words):
+    """Semantic errors (tunables, hardware, memory) also exit 2 before Ray or MLflow
+    start: nothing is written, no Ray is running."""
+    import ray
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for a file that fails its checks")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.chdir(tmp_path)
+    data = {**yaml.safe_load(GOOD), **patch}
+    path = _write(tmp_path, yaml.safe_dump(data))
+    before = _listing(tmp_path)
+    assert cli.main(["run", str(path)]) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.replace("\n", "")
+    assert str(path) in err and field in err
+    assert _listing(tmp_path) == before  # no runs/, packs/, mlflow.db, optuna.db

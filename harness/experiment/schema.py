@@ -1,21 +1,23 @@
-"""Experiment files: parse and validate the YAML, and expand it into a plan.
-
-Nothing else in the harness reads experiment YAML. A bad file raises
-``ExperimentError`` naming the file and the field, before anything is written.
-"""
+"""The experiment file's schema (pydantic): every field, its type and its bounds."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
-from harness import kernel_api, spaces
+from harness import hardware as hw
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 
@@ -117,6 +119,37 @@ class BaselineSettings(_Strict):
         "baseline (auto: on GPUs, not under the CPU interpreter, where it says nothing)")
 
 
+#: A tunable's choices: a non-empty list of scalars, or null (remove the tunable).
+Choices = Annotated[list[StrictBool | StrictInt | StrictFloat | StrictStr],
+                    Field(min_length=1)] | None
+
+
+class SpaceSection(_Strict):
+    params: dict[str, Choices] | None = None
+
+
+class SearchSpace(_Strict):
+    """The inline ``search_space``: the structure of ``search_spaces/<kernel>.yaml``."""
+
+    params: dict[str, Choices] | None = None
+    vendors: dict[Literal["nvidia", "amd", "cpu"], SpaceSection | None] | None = None
+    hardware: dict[str, SpaceSection | None] | None = None
+
+    @field_validator("hardware")
+    @classmethod
+    def _hw_sections(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in v or {}:
+            _check_hw_key(key)
+        return v
+
+
+def _check_hw_key(key: str) -> None:
+    if not hw.is_known_key(key):
+        raise ValueError(f"unknown hardware key {key!r}: known keys are "
+                         f"{', '.join(hw.known_keys())} (or 'auto'; a GPU the list lacks "
+                         "goes by its device name, e.g. NVIDIA-GeForce-RTX-4090)")
+
+
 class Experiment(_Strict):
     name: str = Field(..., min_length=1)
     kernel: str = Field(..., min_length=1)
@@ -148,132 +181,7 @@ class Experiment(_Strict):
                 raise ValueError(f"bad hardware key {key!r}")
         if "auto" in v and len(v) > 1:
             raise ValueError("'auto' cannot be combined with explicit hardware keys")
+        for key in v:
+            if key != "auto":
+                _check_hw_key(key)
         return v
-
-
-@dataclass(frozen=True)
-class StudySpec:
-    """One study: a kernel at one shape and dtype on one hardware key."""
-
-    experiment: str
-    kernel: str
-    shape: dict[str, int]
-    dtype: str
-    hardware: str
-
-    @property
-    def shape_key(self) -> str:
-        return kernel_api.get(self.kernel).shape_key(self.shape)
-
-    @property
-    def name(self) -> str:
-        return f"{self.experiment}/{self.kernel}/{self.shape_key}/{self.dtype}/{self.hardware}"
-
-
-#: Pydantic's names for the members of a union (``int | "auto"``), not field names.
-_UNION_TAG = re.compile(r"^(constrained-\w+|literal\[.*\]|int|float|str|bool)$")
-
-
-def _loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, str) and _UNION_TAG.match(part):
-            continue
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def load(path: str | Path, overrides: Sequence[str] = (), semantics: bool = True) -> Experiment:
-    """Read and validate an experiment file; raise ExperimentError on any problem.
-
-    ``overrides`` are ``dotted.key=value`` strings (the CLI's ``--set``) applied over the
-    file before validation; values are YAML (``--set search.trials=50``,
-    ``--set "hardware=[H100]"``). ``semantics=False`` checks the file's form only; the
-    checks that import the kernel family (seconds: torch) are then ``check_semantics``."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ExperimentError(path, "", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", exc)
-        raise ExperimentError(path, where, f"not valid YAML: {problem}") from None
-    if not isinstance(data, dict):
-        raise ExperimentError(path, "", "must be a mapping of fields")
-    for item in overrides:
-        _override(path, data, item)
-    try:
-        exp = Experiment.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ExperimentError(path, _loc(tuple(err["loc"])), err["msg"]) from None
-    if semantics:
-        check_semantics(path, exp)
-    return exp
-
-
-def _override(path: Path, data: dict[str, Any], item: str) -> None:
-    key, sep, raw = item.partition("=")
-    if not sep or not key.strip():
-        raise ExperimentError(path, f"--set {item}", "expected KEY=VALUE, e.g. search.trials=50")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise ExperimentError(path, key, f"--set value {raw!r} is not valid YAML") from None
-    node = data
-    *parents, leaf = key.strip().split(".")
-    for i, part in enumerate(parents):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ExperimentError(path, ".".join(parents[:i + 1]),
-                                  f"--set {key}: this field is not a section")
-        node = child
-    node[leaf] = value
-
-
-def check_semantics(path: str | Path, exp: Experiment) -> None:
-    """Checks that need the kernel family: it resolves, shapes fit, dtypes and space."""
-    path = Path(path)
-    try:
-        kernel = kernel_api.get(exp.kernel)
-    except (KeyError, ImportError, AttributeError, TypeError) as exc:
-        raise ExperimentError(path, "kernel", str(exc).strip("'\"")) from None
-    for i, shape in enumerate(exp.shapes):
-        try:
-            kernel.validate_shape(shape)
-        except ValueError as exc:
-            raise ExperimentError(path, f"shapes[{i}]", str(exc)) from None
-        if any(v <= 0 for v in shape.values()):
-            raise ExperimentError(path, f"shapes[{i}]", "dimensions must be positive")
-    for i, dt in enumerate(exp.dtypes):
-        if dt not in kernel.dtypes:
-            raise ExperimentError(path, f"dtypes[{i}]",
-                                  f"{kernel.name} supports {list(kernel.dtypes)}")
-    raw = exp.search_space
-    unknown = set(raw) - {"params", "vendors", "hardware"}
-    if unknown:
-        raise ExperimentError(path, f"search_space.{sorted(unknown)[0]}",
-                              "expected 'params', 'vendors' or 'hardware'")
-    try:
-        for vendor in ("nvidia", "amd", "cpu"):
-            spaces.resolve([spaces.for_kernel(kernel), raw], vendor, "?", where="search_space")
-    except ValueError as exc:
-        msg = str(exc)
-        field, _, rest = msg.partition(": ")
-        field2, _, rest2 = rest.partition(": ")
-        where = f"{field}.{field2}" if rest2 else field
-        raise ExperimentError(path, where, rest2 or rest) from None
-
-
-def plan(exp: Experiment, hardware_keys: list[str]) -> list[StudySpec]:
-    """One study per (shape, dtype, hardware). ``hardware_keys`` replaces ``auto``."""
-    return [
-        StudySpec(exp.name, exp.kernel, dict(shape), dtype, hw)
-        for hw in hardware_keys
-        for shape in exp.shapes
-        for dtype in exp.dtypes
-    ]

@@ -1,0 +1,28 @@
+"""Experiment files: the schema (``schema``), reading them (``load``), the checks that need
+the kernel family (``checks``) and the plan of studies (``plan``).
+
+Nothing else in the harness reads experiment YAML. A bad file raises ``ExperimentError``
+naming the file and the field, before anything is written.
+"""
+
+from harness.experiment.checks import check_semantics
+from harness.experiment.load import MAX_BYTES, load
+from harness.experiment.plan import StudySpec, plan
+from harness.experiment.schema import (
+    SAMPLERS,
+    BaselineSettings,
+    Experiment,
+    ExperimentError,
+    FleetSettings,
+    OutputSettings,
+    SearchSettings,
+    SearchSpace,
+    TimingSettings,
+    TrackingSettings,
+)
+
+__all__ = [
+    "MAX_BYTES", "SAMPLERS", "BaselineSettings", "Experiment", "ExperimentError",
+    "FleetSettings", "OutputSettings", "SearchSettings", "SearchSpace", "StudySpec",
+    "TimingSettings", "TrackingSettings", "check_semantics", "load", "plan",
+]

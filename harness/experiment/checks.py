@@ -1,0 +1,102 @@
+"""The checks of an experiment that need its kernel family: the kernel resolves, each
+shape is one of the family's and fits the target devices' memory, the dtypes are the
+family's, and the search space names only the family's tunables, with values of their
+types, and leaves something to tune."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness import hardware, kernel_api, spaces
+from harness.experiment.schema import Experiment, ExperimentError
+
+#: Where the studies of ``hardware: [auto]`` may run: the vendors' spaces are checked.
+_AUTO_TARGETS = (("nvidia", "?"), ("amd", "?"), ("cpu", "cpu"))
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.3g} GB" if n < 1e15 else f"{n:.3g} bytes"
+
+
+def _kernel(path: Path, name: str) -> kernel_api.Kernel:
+    try:
+        return kernel_api.get(name)
+    except (KeyError, ImportError, AttributeError, TypeError) as exc:
+        raise ExperimentError(path, "kernel", str(exc).strip("'\"")) from None
+    except Exception as exc:  # the user's module failed as it was imported
+        raise ExperimentError(path, "kernel", f"importing {name!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
+
+
+def _check_memory(path: Path, exp: Experiment, kernel: kernel_api.Kernel, i: int,
+                  shape: dict[str, int]) -> None:
+    """A shape whose inputs and outputs cannot fit the smallest target device would fail
+    every trial at allocation: refused here, with the kernel's own byte count."""
+    keys = [k for k in exp.hardware if k != "auto"]
+    budgets = [(k, hardware.memory_bytes(k)) for k in keys]
+    if not keys:  # auto: whatever the cluster has, at most the largest device known
+        known = [(k, hardware.memory_bytes(k)) for k in hardware.known_keys()]
+        budgets = [max(((k, m) for k, m in known if m), key=lambda km: km[1])]
+    for dtype in exp.dtypes:
+        try:
+            need = float(kernel.bytes_moved(shape, dtype))
+        except (ArithmeticError, ValueError, TypeError, KeyError):
+            continue  # the family cannot model it: its trials say what happens
+        for key, mem in budgets:
+            if mem and not (need <= mem):  # also catches inf and NaN
+                raise ExperimentError(
+                    path, f"shapes[{i}]",
+                    f"{kernel.name} at {kernel.shape_key(shape)} in {dtype} moves about "
+                    f"{_gb(need)} of inputs and outputs, more than the {_gb(mem)} of memory "
+                    f"of {key}" + ("" if keys else " (the largest device known, for 'auto')"))
+
+
+def _check_space(path: Path, exp: Experiment, kernel: kernel_api.Kernel) -> None:
+    raw = exp.search_space
+    sections: list[tuple[str, dict[str, Any]]] = [("search_space.params", raw.get("params") or {})]
+    for group in ("vendors", "hardware"):
+        for name, sec in (raw.get(group) or {}).items():
+            sections.append((f"search_space.{group}.{name}.params",
+                             (sec or {}).get("params") or {}))
+    for where, params in sections:
+        for name, choices in params.items():
+            if choices is None and name not in kernel.declared_tunables():
+                raise ExperimentError(path, f"{where}.{name}",
+                                      kernel.check_tunables({name: 0}) or "unknown tunable")
+            for j, value in enumerate(choices or []):
+                why = kernel.check_tunables({name: value})
+                if why:
+                    raise ExperimentError(path, f"{where}.{name}[{j}]", why)
+    keys = [k for k in exp.hardware if k != "auto"]
+    targets = [(hardware.vendor_of(k), k) for k in keys] or list(_AUTO_TARGETS)
+    for vendor, key in targets:
+        try:
+            space = spaces.resolve([spaces.for_kernel(kernel), raw], vendor, key,
+                                   where="search_space")
+        except ValueError as exc:
+            raise ExperimentError(path, "search_space", str(exc)) from None
+        if not space:
+            on = f"on {key}" if key != "?" else f"on {vendor} GPUs"
+            raise ExperimentError(path, "search_space", f"nothing to tune {on}: every tunable "
+                                  f"of {kernel.name} was removed (null) or none is declared")
+
+
+def check_semantics(path: str | Path, exp: Experiment) -> None:
+    """Checks that need the kernel family: it resolves, shapes fit, dtypes and space."""
+    path = Path(path)
+    kernel = _kernel(path, exp.kernel)
+    for i, shape in enumerate(exp.shapes):
+        try:
+            kernel.validate_shape(shape)
+        except ValueError as exc:
+            raise ExperimentError(path, f"shapes[{i}]", str(exc)) from None
+        if any(v <= 0 for v in shape.values()):
+            raise ExperimentError(path, f"shapes[{i}]", "dimensions must be positive")
+        _check_memory(path, exp, kernel, i, shape)
+    for i, dt in enumerate(exp.dtypes):
+        if dt not in kernel.dtypes:
+            raise ExperimentError(path, f"dtypes[{i}]",
+                                  f"{kernel.name} supports {list(kernel.dtypes)}")
+    _check_space(path, exp, kernel)
+
