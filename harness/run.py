@@ -31,7 +31,13 @@ from harness.kernel_api import DeviceSpec
 from harness.measure import Timing, TrialResult
 from harness.packs import format as packfmt
 from harness.search import ATTR_RESULT, ATTR_STATUS, Search, grid_order, make_storage, storage_url
-from harness.track import Tracker, TrialLogger, git_sha, log_trial_record, start_trial_logger
+from harness.tracking.tracker import (
+    Tracker,
+    TrialLogger,
+    git_sha,
+    log_trial_record,
+    start_trial_logger,
+)
 
 log = logging.getLogger(__name__)
 

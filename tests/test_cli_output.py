@@ -10,8 +10,9 @@ import logging
 import pytest
 import yaml
 
-from harness import cli, redact
+from harness import cli
 from harness.run import Summary
+from harness.tracking import redact
 
 ROW = {"hardware": "cpu", "kernel": "grouped_gemm", "shape": "M=200,N=64,K=64,E=3",
        "dtype": "fp16", "counts": {"measured": 4, "failed": 1, "pruned": 2},

@@ -164,7 +164,7 @@ def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(tmp_path) -> None:
     """No GPU (or the interpreter): nothing to sample. A trial result that carries the
     GPU state has it logged as MLflow metrics of the trial's run (real sqlite store)."""
     from harness.measure import gpu_state
-    from harness.track import Tracker
+    from harness.tracking.tracker import Tracker
 
     if not torch.cuda.is_available():
         assert gpu_state() == {}
@@ -177,7 +177,7 @@ def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(tmp_path) -> None:
     assert metrics["sm_clock_mhz"] == 1515.0 and metrics["power_w"] == 665.4
     assert "check_s" not in metrics and metrics["latency_ms"] == 1.25
     # The run's own trial logging (harness.run) builds its metrics the same way.
-    from harness.track import trial_metrics
+    from harness.tracking.tracker import trial_metrics
 
     assert trial_metrics(result, "measured")["sm_clock_mhz"] == 1515.0
     assert trial_metrics({"reason": "x"}, "failed") == {

@@ -99,7 +99,7 @@ def test_report_html(finished):
 
 def test_report_offline(finished, tmp_path):
     """An unreachable tracking server: the report is written from the Optuna storage."""
-    from harness.report import collect, render
+    from harness.tracking.report import collect, render
 
     data = collect(finished / "runs" / "rep", tracking_uri="http://127.0.0.1:9",
                    with_plots=False)
@@ -114,7 +114,7 @@ def test_report_renders_in_chromium(finished, tmp_path):
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     out = finished / "report.html"
     if not out.is_file():
-        from harness.report import write_report
+        from harness.tracking.report import write_report
 
         write_report(str(finished / "runs" / "rep"), out)
     shot = tmp_path / "shot.png"
@@ -151,7 +151,7 @@ def _trial(err: float, ms: float, x: int, reason: str = ""):
 def test_accuracy_bands_sort_configs_by_the_tightest_bound_they_meet():
     """Fastest config per band; a config the experiment's bound failed counts in its band;
     an error exactly at a bound is within it; unchecked trials are left out."""
-    from harness.report import accuracy_bands
+    from harness.tracking.report import accuracy_bands
 
     trials = [_trial(8.6e-4, 0.60, 1), _trial(9.9e-4, 0.55, 2), _trial(1e-3, 0.58, 3),
               _trial(1.02e-3, 0.50, 4, "accuracy requirement: max_abs_err 0.00102 > "
@@ -172,7 +172,7 @@ def test_accuracy_section_of_a_real_h200_minigpt_run(tmp_path):
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from harness.report import collect, render
+    from harness.tracking.report import collect, render
 
     # Committed as an Optuna journal (text); copied into the run's SQLite storage here.
     src = (Path(__file__).parent.parent / "benchmarks" / "results" / "H200"

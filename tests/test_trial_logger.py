@@ -15,8 +15,8 @@ import ray
 from mlflow.tracking import MlflowClient
 
 from harness import run as run_mod
-from harness import track
 from harness.sqlite_commits import fast_commits
+from harness.tracking import tracker as track
 
 pytestmark = pytest.mark.slow
 
@@ -175,7 +175,7 @@ def test_git_sha_is_the_checkouts_unless_overridden(monkeypatch: pytest.MonkeyPa
     carried a stale one: packs named a commit older than the code that tuned them)."""
     import subprocess
 
-    root = Path(track.__file__).resolve().parent.parent
+    root = Path(track.__file__).resolve().parents[2]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=root).stdout.strip()
     track.git_sha.cache_clear()

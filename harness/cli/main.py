@@ -77,7 +77,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     except NoHardwareError as exc:
         console.print(f"[bold red]error:[/] {_redact(str(exc))}", markup=True)
         return EXIT_NO_HARDWARE
-    from harness.redact import redact
+    from harness.tracking.redact import redact
 
     summary.tracking_uri = redact(summary.tracking_uri)
     summary.events = [redact(e) for e in summary.events]
@@ -139,13 +139,13 @@ def _ray_auth_mode() -> None:
 
 
 def _redact(text: str) -> str:
-    from harness.redact import redact
+    from harness.tracking.redact import redact
 
     return redact(text)
 
 
 def _cmd_report(args: argparse.Namespace, console: Console) -> int:
-    from harness.report import ReportError, write_report
+    from harness.tracking.report import ReportError, write_report
 
     try:
         out = write_report(args.source, args.out, runs_dir=args.runs_dir,
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on bad arguments already
         return int(exc.code or 0)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
-    from harness.redact import install
+    from harness.tracking.redact import install
 
     install()  # every log record, whoever emits it, has its secrets masked
     console = Console(stderr=True)

@@ -212,8 +212,8 @@ def _resolve(source: str, runs_dir: str | Path, tracking_uri: str | None) -> Pat
     if named.is_dir():
         return named
     if all(c in "0123456789abcdef" for c in source) and len(source) >= 16:
-        from harness.track import find_parent
-        from harness.track import tracking_uri as default_uri
+        from harness.tracking.tracker import find_parent
+        from harness.tracking.tracker import tracking_uri as default_uri
 
         try:
             run = find_parent(default_uri(tracking_uri), source)
@@ -281,14 +281,14 @@ def collect(run_dir: Path, tracking_uri: str | None = None,
 
 def _mlflow(uri: str, parent: str) -> tuple[dict | None, str | None]:
     """The MLflow side, or the reason it could not be read (the report goes on)."""
-    from harness.redact import redact
+    from harness.tracking.redact import redact
 
     saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES",
                                             "MLFLOW_HTTP_REQUEST_TIMEOUT")}
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # offline: fail fast, do not hang
     os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
     try:
-        from harness.track import read_runs
+        from harness.tracking.tracker import read_runs
 
         return read_runs(uri, parent), None
     except Exception as exc:
@@ -396,7 +396,7 @@ def _img(png: bytes, alt: str) -> str:
 
 def render(data: dict[str, Any]) -> str:
     """The report as one HTML string."""
-    from harness.redact import redact
+    from harness.tracking.redact import redact
 
     st = data["state"]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>kharness report: "

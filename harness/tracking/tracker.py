@@ -137,7 +137,7 @@ class Tracker:
     def log_study_plots(self, run_id: str, study: Any, title: str) -> list[str]:
         """The study's optimisation history, parameter importances (where they can be
         computed) and roofline plot, as PNG artifacts under ``plots/``."""
-        from harness.report import study_plots
+        from harness.tracking.report import study_plots
 
         names = []
         with tempfile.TemporaryDirectory() as tmp:
@@ -262,7 +262,7 @@ class TrialLogger:
         """Import the plotting stack now (1-2 s), ahead of ``plots``: in a process of
         its own, as the search starts, it takes no GIL from the driver (on a thread
         there it did) nor from the process logging the trials (it fell behind)."""
-        from harness.report import warm_imports
+        from harness.tracking.report import warm_imports
 
         self._do(warm_imports)
 
