@@ -1,0 +1,51 @@
+"""The documentation builds without a broken link, and the README stays a product page."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def test_docs_build_strict(tmp_path: Path) -> None:
+    """`mkdocs build --strict` fails on a broken link, a missing page or a bad anchor
+    (not with --quiet: mkdocs then counts no warnings)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict",
+         "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "site" / "kernels" / "grouped_gemm" / "index.html").is_file()
+
+
+def test_readme_is_at_most_350_lines() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 350, f"README.md has {len(lines)} lines; move detail to docs/"
+
+
+def test_readme_links_point_to_files() -> None:
+    """Every relative link of the README names a file of the repository (and an anchor
+    into a docs page names one of its headings)."""
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links, "the README links to its docs"
+    for link in links:
+        if re.match(r"^[a-z]+://", link) or link.startswith("mailto:"):
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / path if path else README
+        assert target.exists(), f"README.md links to {link}, which does not exist"
+        if anchor and target.suffix == ".md":
+            slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", target.read_text(), re.M)}
+            assert anchor in slugs, f"README.md links to {link}: no such heading"
+
+
+def _slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc extension (and GitHub) give a heading."""
+    text = re.sub(r"[`*_]", "", heading).strip().lower()
+    text = re.sub(r"[^\w\s-]", "", text)
+    return re.sub(r"[\s]+", "-", text)
