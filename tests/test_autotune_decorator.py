@@ -19,46 +19,16 @@ from harness.packs import format as fmt
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The README example (/work/notes/pack_readme.md has the same text): keep them in step.
-README_EXAMPLE = '''\
-# Runs as is on a CPU with TRITON_INTERPRET=1, or on a GPU.
-import tempfile
-
-import torch
-import triton
-import triton.language as tl
-
-import harness
-from harness import packs
-from harness.hardware import current_device
+# The decorator example of docs/packs.md, run as written: the docs cannot go stale.
+DOCS_PACKS = ROOT / "docs" / "packs.md"
 
 
-@harness.autotune(kernel="vector_add", key=["n_elements"], default={"BLOCK_SIZE": 128})
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offs < n_elements
-    x = tl.load(x_ptr + offs, mask=mask)
-    y = tl.load(y_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, x + y, mask=mask)
-
-
-# A pack as `kharness run` freezes it, written by hand here for this machine's hardware key.
-packs_dir = tempfile.mkdtemp()
-packs.freeze(packs_dir, current_device().key, "vector_add", "fp32", {
-    "n_elements=4096": {"config": {"BLOCK_SIZE": 1024, "num_warps": 4},
-                        "metrics": {"latency_ms": 0.004}, "provenance": {}}})
-packs.configure([packs_dir])
-
-device = "cuda" if torch.cuda.is_available() else "cpu"
-x = torch.randn(5000, device=device)
-y = torch.randn(5000, device=device)
-out = torch.empty_like(x)
-grid = lambda meta: (triton.cdiv(meta["n_elements"], meta["BLOCK_SIZE"]),)
-add_kernel[grid](x, y, out, x.numel())  # nearest entry (n_elements=4096): BLOCK_SIZE=1024
-assert torch.allclose(out, x + y)
-print(add_kernel.hits)  # per distinct key: Hit(config={'BLOCK_SIZE': 1024, ...}, 'nearest', ...)
-'''
+def _docs_example() -> str:
+    text = DOCS_PACKS.read_text()
+    marker = "<!-- example: decorator (run by tests/test_autotune_decorator.py) -->"
+    assert marker in text, f"{DOCS_PACKS} lost its tested decorator example"
+    block = text.split(marker, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    return block
 
 
 @triton.jit
@@ -309,11 +279,11 @@ def test_bad_use_is_reported_clearly(pack_dir):
 
 
 
-def test_readme_example_runs(tmp_path):
+def test_docs_example_runs(tmp_path):
     import runpy
 
     script = tmp_path / "example.py"
-    script.write_text(README_EXAMPLE)  # from a file: @triton.jit reads the source
+    script.write_text(_docs_example())  # from a file: @triton.jit reads the source
     try:
         ns = runpy.run_path(str(script), run_name="__main__")
     finally:
