@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pack lookup and load latency (issue 5 targets: cached lookup <= 2 us, pack load <= 50 ms).
+"""Pack lookup and load latency (targets: cached lookup <= 2 us, pack load <= 50 ms).
 
     python benchmarks/lookup_bench.py --out FILE [--packs DIR]
 
