@@ -581,3 +581,40 @@ def test_no_credentials_in_infra() -> None:
             f"{path.relative_to(ROOT)}: {p.pattern}" for p in SECRET_PATTERNS if p.search(text)
         ]
     assert not offenders, "\n".join(offenders)
+
+
+# -- infra/setup.sh -------------------------------------------------------------------
+
+SETUP = INFRA / "setup.sh"
+
+
+def test_setup_installs_system_packages_only_when_asked() -> None:
+    """apt-get runs only in the --with-chromium branch, never silenced, announced first."""
+    lines = SETUP.read_text().splitlines()
+    start = lines.index('elif [ "$WITH_CHROMIUM" = 1 ]; then')
+    end = start + lines[start:].index("else")
+    for i, line in enumerate(lines):
+        code = line.split("#", 1)[0]
+        if re.search(r"(^\s*|[;&|(]\s*)(sudo\s+)?apt-get\s", code):
+            assert start < i < end, f"infra/setup.sh:{i + 1} runs apt-get unasked"
+            assert ">/dev/null" not in code, f"infra/setup.sh:{i + 1} hides a system install"
+    branch = "\n".join(lines[start:end])
+    assert branch.index("say ") < branch.index("apt-get install"), "announce it first"
+
+
+def test_setup_says_what_it_installs() -> None:
+    text = SETUP.read_text()
+    for line in text.splitlines():
+        if "pip install" in line and "say " not in line:
+            # every pip install is announced on one of the lines just before it
+            before = text[:text.index(line)].splitlines()[-3:]
+            assert any("say " in b for b in before), f"silent install: {line.strip()}"
+
+
+def test_setup_rejects_unknown_options() -> None:
+    proc = subprocess.run(["bash", str(SETUP), "--no-such-option"], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and "unknown option --no-such-option" in proc.stderr
+    proc = subprocess.run(["bash", str(SETUP), "--help"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0 and "--with-chromium" in proc.stdout
