@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere without installing
 
 from harness import hardware, kernel_api, packs  # noqa: E402
 from harness.packs import format as fmt  # noqa: E402
+from harness.packs.lookup import SHIPPED  # noqa: E402
 
 LOOKUP_TARGET_US = 2.0
 LOAD_TARGET_MS = 50.0
@@ -105,7 +106,7 @@ def _synthetic(root: Path, n: int) -> tuple[str, str, dict[str, int]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
-    ap.add_argument("--packs", default=str(ROOT / "packs"), help="packs to load (shipped)")
+    ap.add_argument("--packs", default=str(SHIPPED), help="packs to load (shipped)")
     ap.add_argument("--reps", type=int, default=50, help="cold loads per pack")
     ap.add_argument("--number", type=int, default=200_000, help="cached lookups per repeat")
     ap.add_argument("--synthetic-entries", type=int, default=256)

@@ -62,6 +62,20 @@ class _AdHoc(kernel_api.Kernel):
         self.exact_dims = tuple(exact)
         self.default_config = dict(default)
 
+    def declared_tunables(self) -> dict[str, kernel_api.Tunable | None]:
+        """The default config's keys, typed by its values (not limited to them)."""
+        out: dict[str, kernel_api.Tunable | None] = {}
+        for k, v in self.default_config.items():
+            t = kernel_api.infer_tunable([v])
+            out[k] = t and kernel_api.Tunable(t.type)
+        return out
+
+    def check_tunables(self, config: Mapping[str, Any]) -> str | None:
+        """Only the default config's keys are typed: a pack may carry other knobs, which
+        the launch drops where they are not arguments of the kernel (``launch_kwargs``)."""
+        return super().check_tunables({k: v for k, v in config.items()
+                                       if k in self.default_config})
+
     def _no(self, *_: Any) -> Any:
         raise NotImplementedError(f"{self.name} has no Kernel family: lookup only")
 

@@ -46,7 +46,7 @@ def _dirs(args: argparse.Namespace) -> list[Path]:
 
     dirs = [Path(d) for d in args.dir] if getattr(args, "dir", None) else packs.search_path()
     unique: dict[Path, Path] = {}
-    for d in dirs:  # ./packs is the shipped directory when run in the repository
+    for d in dirs:  # $HARNESS_PACKS may name ./packs or the shipped packs again
         unique.setdefault(d.resolve(), d)
     return list(unique.values())
 
@@ -103,6 +103,7 @@ def _ms(v: Any) -> str:
 # -- list / show --------------------------------------------------------------------------
 def _cmd_list(args: argparse.Namespace, console: Any) -> int:
     from harness.packs import format as fmt
+    from harness.packs import verify
 
     rows, seen = [], set()
     dirs = _dirs(args)
@@ -114,6 +115,7 @@ def _cmd_list(args: argparse.Namespace, console: Any) -> int:
                                    "path": str(path)}
             try:
                 data = fmt.read(path)
+                verify.check(data, str(path))  # ok only where lookup would serve it
                 ents = list(fmt.iter_entries(data))
                 row.update(status="ok", entries=len(ents),
                            dtypes=sorted({d for _, d, _, _ in ents}),
@@ -237,9 +239,9 @@ def _load_inputs(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for p in paths:
         try:
-            raw = Path(p).read_bytes()
-        except OSError as exc:
-            raise _BadInput(f"{p}: cannot read: {exc.strerror or exc}") from None
+            raw = fmt.read_bytes(p)  # size-capped, like a pack
+        except fmt.PackError as exc:
+            raise _BadInput(str(exc)) from None
         try:
             doc = json.loads(raw)
         except ValueError as exc:
@@ -254,27 +256,16 @@ def _load_inputs(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _check_constraints(pack: dict[str, Any], where: str) -> None:
-    """Every config must pass its family's check_config on the pack's hardware (families
-    the registry does not know, such as ad-hoc autotune kernels, are not checked)."""
-    from harness import hardware, kernel_api
+def _check(pack: dict[str, Any], where: str) -> None:
+    """The runtime's checks (``harness.packs.verify``): a pack lookup would refuse is
+    refused here, before anything is written."""
     from harness.packs import format as fmt
+    from harness.packs import verify
 
-    spec = hardware.spec_for_key(pack["hardware"])
-    for kname, dtype, skey, e in fmt.iter_entries(pack):
-        try:
-            fam = kernel_api.get(kname)
-        except (KeyError, ImportError, AttributeError, TypeError):
-            continue
-        try:
-            shape = fam.validate_shape(fam.parse_shape_key(skey))
-        except (KeyError, ValueError) as exc:
-            raise _BadInput(f"{where}: {kname}.{dtype}.{skey}: not a {kname} shape ({exc})") \
-                from None
-        why = fam.check_config(e["config"], shape, spec)
-        if why:
-            raise _BadInput(f"{where}: {kname}.{dtype}.{skey}: config fails {kname}'s "
-                            f"constraints on {pack['hardware']}: {why}")
+    try:
+        verify.check(pack, where)
+    except fmt.PackError as exc:
+        raise _BadInput(str(exc)) from None
 
 
 def _cmd_merge(args: argparse.Namespace, console: Any) -> int:
@@ -282,7 +273,7 @@ def _cmd_merge(args: argparse.Namespace, console: Any) -> int:
 
     inputs = _load_inputs(args.inputs)
     for where, pack in inputs:
-        _check_constraints(pack, where)
+        _check(pack, where)
     groups: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for where, pack in inputs:
         groups.setdefault((pack["hardware"], pack["kernel"]), []).append((where, pack))
@@ -290,17 +281,21 @@ def _cmd_merge(args: argparse.Namespace, console: Any) -> int:
         raise _BadInput("refusing to merge packs of different hardware or kernels into one "
                         f"file: {', '.join(f'{h}/{k}' for h, k in sorted(groups))} (use --dir "
                         "to write one pack each)")
+    plans = []
     for (hw, kernel), members in sorted(groups.items()):
         target = Path(args.out) if args.out else fmt.pack_path(args.dir_out, hw, kernel)
         if args.dir_out and target.is_file():
             members = [(str(target), _read(target))] + members
+            _check(members[0][1], members[0][0])
         try:
             merged = fmt.merge([p for _, p in members], args.policy, [w for w, _ in members])
         except fmt.PackError as exc:
             raise _BadInput(str(exc)) from None
+        plans.append((target, merged, hw, kernel, len(members)))
+    for target, merged, hw, kernel, n_inputs in plans:  # every group checked: now write
         fmt.write(target, merged)
         n = sum(1 for _ in fmt.iter_entries(merged))
-        print(f"wrote {target}: {hw}/{kernel}, {n} entries from {len(members)} inputs "
+        print(f"wrote {target}: {hw}/{kernel}, {n} entries from {n_inputs} inputs "
               f"(policy {args.policy})")
     return 0
 

@@ -123,6 +123,20 @@ def test_vector_add_launches_the_pack_config(pack_dir):
     assert sources == {1000: "exact", 700: "nearest", 60000: "nearest"}
 
 
+def test_a_pack_value_of_the_wrong_type_is_never_launched(pack_dir):
+    """``"BLOCK_SIZE": "256"`` (a string) would reach the kernel as a string: the pack is
+    refused as a whole, with one warning naming it, and the default config runs."""
+    packs.freeze(pack_dir, "cpu", "vector_add", "fp32", {
+        "n_elements=1000": _entry({"BLOCK_SIZE": "256", "num_warps": 4})})
+    seen: list[int] = []
+    add, grid = _add(seen)
+    x, y, out = _inputs(1000)
+    with pytest.warns(packs.PackWarning, match="'256' is not of type int"):
+        add[grid](x, y, out, x.numel())
+    torch.testing.assert_close(out, x + y)
+    assert seen == [32]
+
+
 def test_no_pack_falls_back_to_the_default_with_a_warning(pack_dir):
     seen: list[int] = []
     add, grid = _add(seen)

@@ -71,6 +71,9 @@ BAD_FILES = [
     # hardware names
     ({"hardware": ["H900"]}, "hardware", "known keys are"),
     ({"hardware": ["H100", "H900"]}, "hardware", "H900"),
+    # user output never lands in the shipped packs
+    ({"output": {"packs_dir": str(Path(experiment.__file__).parents[1] / "packs" / "shipped")}},
+     "output.packs_dir", "inside the installed harness package"),
     # a shape whose inputs cannot fit the devices
     ({"shapes": [{"M": 100000000000000, "N": 128, "K": 128, "E": 4}]}, "shapes[0]",
      "GB of memory of"),
@@ -209,8 +212,9 @@ def _listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-@pytest.mark.parametrize(("patch", "field", "words"), [BAD_FILES[0], BAD_FILES[16],
-                                                       BAD_FILES[18]])
+@pytest.mark.parametrize(("patch", "field", "words"), [
+    next(case for case in BAD_FILES if case[2] == words)
+    for words in ("not of type int", "known keys are", "memory of L4")])
 def test_command_refuses_before_ray_starts(tmp_path, monkeypatch, capsys, patch, field, words):
     """Semantic errors (tunables, hardware, memory) also exit 2 before Ray or MLflow
     start: nothing is written, no Ray is running."""

@@ -10,6 +10,8 @@ import pytest
 
 from harness import packs
 from harness.packs import format as fmt
+from harness.packs import schema
+from harness.packs.lookup import SHIPPED as SHIPPED_DIR
 
 SHAPE = {"M": 4096, "N": 1408, "K": 2048, "E": 64}
 
@@ -102,7 +104,7 @@ def test_write_is_atomic_and_checksummed(tmp_path):
 
 
 # -- schema: the published JSON Schema, and every shipped pack against it ----------------
-SHIPPED = sorted((Path(__file__).resolve().parents[1] / "packs").glob("*/*.json"))
+SHIPPED = sorted(SHIPPED_DIR.glob("*/*.json"))
 
 
 def _schema_validator():
@@ -112,15 +114,21 @@ def _schema_validator():
     return jsonschema.Draft202012Validator(schema)
 
 
-def test_schema_is_package_data():
+def test_schema_and_shipped_packs_are_package_data():
     text = Path(__file__).resolve().parents[1].joinpath("pyproject.toml").read_text()
-    assert '"harness.packs" = ["pack.schema.json"]' in text
-    assert fmt.SCHEMA_PATH.is_file() and fmt.json_schema()["properties"]["schema_version"] == {
-        "const": fmt.SCHEMA_VERSION}
+    assert '"harness.packs" = ["pack.schema.json", "shipped/*/*.json"]' in text
+    assert fmt.json_schema()["properties"]["schema_version"]["const"] == fmt.SCHEMA_VERSION
+    assert SHIPPED_DIR.is_relative_to(Path(packs.__file__).parent)
+
+
+def test_published_schema_is_the_models():
+    """pack.schema.json is generated from the pydantic models (schema.json_schema):
+    regenerate it when they change."""
+    assert fmt.json_schema() == schema.json_schema()
 
 
 def test_packs_are_shipped():
-    assert SHIPPED, "no packs under packs/"
+    assert {p.parent.name for p in SHIPPED} == {"H100", "H200"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -438,3 +446,63 @@ def test_a_miss_warns_once_per_layer_not_per_batch_size(pack_dir):
                                   for m in (1, 16, 300, 5000)])
     assert all(h.source == "default" for h in hits)
     assert len(msgs) == 1 and "default config" in msgs[0]
+
+
+# -- the runtime's checks: types, size, mode ----------------------------------------------
+@pytest.mark.parametrize(("value", "words"), [("128", "'128' is not of type int"),
+                                              (True, "True is not of type int"),
+                                              (64.0, "64.0 is not of type int")])
+def test_config_value_of_the_wrong_type_rejects_the_pack(pack_dir, value, words):
+    data = packs.read(pack_dir / "H100" / "grouped_gemm.json")
+    data["kernels"]["grouped_gemm"]["bf16"]["M=4096,N=1408,K=2048,E=64"]["config"][
+        "BLOCK_M"] = value
+    path = _write_signed(pack_dir, data)
+    hit, msgs = _caught(lambda: packs.lookup_entry("grouped_gemm", "bf16", "H100", **SHAPE))
+    assert hit.source == "default"
+    assert len(msgs) == 1 and str(path) in msgs[0] and words in msgs[0]
+
+
+def test_unknown_tunable_rejects_the_pack(pack_dir):
+    data = packs.read(pack_dir / "H100" / "grouped_gemm.json")
+    data["kernels"]["grouped_gemm"]["bf16"]["M=4096,N=1408,K=2048,E=64"]["config"][
+        "BLOCK_Q"] = 1
+    _write_signed(pack_dir, data)
+    hit, msgs = _caught(lambda: packs.lookup_entry("grouped_gemm", "bf16", "H100", **SHAPE))
+    assert hit.source == "default" and "unknown tunable 'BLOCK_Q'" in msgs[0]
+
+
+def test_a_pack_above_the_size_cap_is_refused_unread(tmp_path):
+    import time
+
+    data = _good_pack()
+    big = {f"M={m},N=1408,K=2048,E=64": _entry(64) for m in range(1, 40000)}
+    data["kernels"]["grouped_gemm"]["bf16"].update(big)
+    path = fmt.write(tmp_path / "H100" / "grouped_gemm.json", data)
+    assert path.stat().st_size > fmt.MAX_BYTES
+    for where in ("valid", "tampered"):
+        if where == "tampered":
+            path.write_text(path.read_text().replace('"BLOCK_M": 64', '"BLOCK_M": 32', 1))
+        t0 = time.monotonic()
+        with pytest.raises(fmt.PackError, match="refused unread"):
+            packs.read(path)
+        assert time.monotonic() - t0 < 0.5
+    with pytest.raises(fmt.PackError, match="refused unread"):
+        fmt.loads(path.read_bytes(), "bytes")
+
+
+def test_packs_are_written_readable_by_others_and_atomically(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = packs.freeze(tmp_path, "H100", "grouped_gemm", "bf16",
+                            {"M=4096,N=1408,K=2048,E=64": _entry(64)})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        os.umask(0o077)  # a stricter umask is respected
+        path = fmt.write(tmp_path / "H100" / "other.json", fmt.empty("H100", "other"))
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in (tmp_path / "H100").iterdir()) == ["grouped_gemm.json",
+                                                                    "other.json"]

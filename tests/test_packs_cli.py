@@ -161,6 +161,24 @@ def test_merge_refuses_configs_failing_the_kernels_constraints(tree, tmp_path, c
     assert code == 2 and "BLOCK_K=48" in err and str(bad) in err
 
 
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("BLOCK_K", 48, "constraints"), ("BLOCK_M", "128", "not of type int"),
+    ("BLOCK_Q", 1, "unknown tunable 'BLOCK_Q'")])
+def test_list_and_merge_apply_the_runtimes_checks(tree, tmp_path, capsys, key, value, words):
+    """A pack that lookup would refuse is listed as rejected, and merged into nothing:
+    with --dir, no group is written when one input fails."""
+    data = packs.read(tree / "H100" / "grouped_gemm.json")
+    data["kernels"]["grouped_gemm"]["bf16"][SHAPE_KEY]["config"][key] = value
+    bad = fmt.write(tree / "H100" / "grouped_gemm.json", data)
+    code, out, _ = _run(capsys, "list", "--dir", str(tree), "--json")
+    status = {r["path"]: r["status"] for r in json.loads(out)}
+    assert code == 0 and status[str(bad)].startswith("rejected: ") and words in status[str(bad)]
+    good = tree / "H200" / "grouped_gemm.json"
+    dest = tmp_path / "merged"
+    code, _, err = _run(capsys, "merge", str(good), str(bad), "--dir", str(dest))
+    assert code == 2 and words in " ".join(err.split()) and not dest.exists()
+
+
 def test_merge_refuses_a_damaged_input(tree, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text((tree / "H100" / "grouped_gemm.json").read_text().replace("64", "65", 1))

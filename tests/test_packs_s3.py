@@ -223,3 +223,106 @@ def test_debug_logging_never_shows_credentials(bucket, tmp_path, monkeypatch, ca
                  str(tmp_path / "b")]) == 0
     assert caplog.records  # something was logged ...
     assert SECRET not in caplog.text and token not in caplog.text  # ... but no credential
+
+
+# -- the runtime's checks before anything changes -----------------------------------------
+def _publish_raw(client, bucket: str, prefix: str, files: dict[str, bytes],
+                 listing: list[str] | None = None) -> None:
+    """Publish a set as a push would, without push's own checks (a foreign publisher)."""
+    entries = []
+    for rel in listing or sorted(files):
+        raw = files[rel]
+        sha = s3._sha256(raw)
+        client.put_object(Bucket=bucket, Key=f"{prefix}/objects/{sha}.json", Body=raw)
+        entries.append({"path": rel, "object": f"objects/{sha}.json", "sha256": sha,
+                        "size": len(raw)})
+    manifest = {"format": s3.MANIFEST_FORMAT, "version": s3.MANIFEST_VERSION, "id": "x",
+                "packs": entries}
+    client.put_object(Bucket=bucket, Key=f"{prefix}/manifest.json",
+                      Body=json.dumps(manifest).encode())
+
+
+def _bad_pack(how: str) -> bytes:
+    data = fmt.empty("H100", "grouped_gemm")
+    entry = _entry(24 if how == "constraints" else 64)  # 24: not a power of two
+    if how == "type":
+        entry["config"]["BLOCK_N"] = "128"
+    data["kernels"]["grouped_gemm"]["bf16"] = {"M=4096,N=1408,K=2048,E=64": entry}
+    return fmt.dumps(data).encode()
+
+
+@pytest.mark.parametrize("how", ["constraints", "type"])
+def test_a_pack_the_runtime_refuses_is_not_pushed(bucket, tmp_path, capsys, how):
+    path = tmp_path / "a" / "H100" / "grouped_gemm.json"
+    fmt.write_text(path, _bad_pack(how))
+    packs.read(path)  # schema and checksum are fine: only the kernel knows
+    assert main(["packs", "push", f"s3://{bucket}/p", "--dir", str(tmp_path / "a")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "refusing to push" in err and "Traceback" not in err
+    assert "constraints" in err if how == "constraints" else "not of type int" in err
+    assert "Contents" not in s3.make_client().list_objects_v2(Bucket=bucket)  # nothing sent
+
+
+@pytest.mark.parametrize("how", ["constraints", "type", "twice", "size"])
+def test_pull_checks_everything_before_changing_anything(bucket, tmp_path, how):
+    url = f"s3://{bucket}/bad"
+    good = _make_packs(tmp_path / "a", 1)
+    files = dict(good)
+    listing = None
+    if how in ("constraints", "type"):
+        files["H100/grouped_gemm.json"] = _bad_pack(how)
+    elif how == "twice":
+        listing = sorted(files) + ["H100/grouped_gemm.json"]
+    client = s3.make_client()
+    _publish_raw(client, bucket, "bad", files, listing)
+    if how == "size":
+        m = json.loads(client.get_object(Bucket=bucket, Key="bad/manifest.json")["Body"].read())
+        m["packs"][0]["size"] = fmt.MAX_BYTES + 1
+        client.put_object(Bucket=bucket, Key="bad/manifest.json", Body=json.dumps(m).encode())
+    local = tmp_path / "local"
+    old = _make_packs(local, 3)
+    words = {"constraints": "constraints", "type": "not of type int", "twice": "twice",
+             "size": "above the"}[how]
+    with pytest.raises(s3.S3Error, match=words):
+        s3.pull(url, local)
+    assert _files(local) == old
+    assert not [p for p in local.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_a_failed_swap_puts_every_replaced_pack_back(bucket, tmp_path, monkeypatch):
+    url = f"s3://{bucket}/swap"
+    _make_packs(tmp_path / "a", 1)
+    s3.push(url, tmp_path / "a")
+    local = tmp_path / "local"
+    old = _make_packs(local, 3)
+    real_replace = s3.os.replace
+    calls = {"n": 0}
+
+    def replace(src, dst):
+        calls["n"] += 1
+        if calls["n"] == 4:  # old H100 aside, new H100 in, old H200 aside: then the disk fails
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(s3.os, "replace", replace)
+    with pytest.raises(OSError, match="No space"):
+        s3.pull(url, local)
+    assert _files(local) == old
+    assert not [p for p in local.iterdir() if p.name.startswith(".")]
+
+
+def test_a_killed_pulls_staging_is_swept_by_the_next(bucket, tmp_path):
+    import subprocess
+    import sys
+
+    url = f"s3://{bucket}/sweep"
+    src = _make_packs(tmp_path / "a", 1)
+    s3.push(url, tmp_path / "a")
+    local = tmp_path / "local"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = local / f".pull-{dead}-abc123"
+    (stale / "new" / "H100").mkdir(parents=True)
+    (stale / "new" / "H100" / "grouped_gemm.json").write_text("{}")
+    s3.pull(url, local)
+    assert _files(local) == src and not stale.exists()

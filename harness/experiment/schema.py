@@ -89,8 +89,22 @@ class TrackingSettings(_Strict):
 
 
 class OutputSettings(_Strict):
-    packs_dir: str = "packs"
-    runs_dir: str = "runs"
+    packs_dir: str = Field("packs", min_length=1, description="where the run's packs are "
+                           "written: the user's directory (./packs), never the shipped ones")
+    runs_dir: str = Field("runs", min_length=1)
+
+    @field_validator("packs_dir")
+    @classmethod
+    def _not_the_package(cls, v: str) -> str:
+        package = Path(__file__).resolve().parents[1]  # harness/: shipped packs live there
+        try:
+            inside = Path(v).resolve().is_relative_to(package)
+        except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
+            raise ValueError(f"{v!r}: {exc}") from None
+        if inside:
+            raise ValueError(f"{v!r} is inside the installed harness package ({package}): "
+                             "a run writes to the user's packs directory, e.g. 'packs'")
+        return v
 
 
 class FleetSettings(_Strict):

@@ -11,8 +11,8 @@ A pack is one JSON file per (hardware, kernel) at ``<dir>/<hardware>/<kernel>.js
     }
 
 ENTRY = {"config": {...}, "metrics": {...}, "provenance": {...}}. JSON only: a pack is
-never pickled or evaluated. The published JSON Schema is ``pack.schema.json`` next to this
-file; ``validate`` checks the same rules by hand so that the runtime needs no jsonschema.
+never pickled or evaluated. The schema is the pydantic models of ``schema``; the published
+JSON Schema (``pack.schema.json``, package data) is generated from them.
 """
 
 from __future__ import annotations
@@ -21,22 +21,21 @@ import hashlib
 import json
 import math
 import os
-import re
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
-SCHEMA_PATH = Path(__file__).with_name("pack.schema.json")
+from harness.packs import schema
 
-# The same patterns as pack.schema.json.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_DTYPE = re.compile(r"[A-Za-z0-9_]+")
-_SHAPE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[0-9]+(,[A-Za-z_][A-Za-z0-9_]*=[0-9]+)*")
-_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CHECKSUM = re.compile(r"sha256:[0-9a-f]{64}")
-_SCALAR = (bool, int, float, str)
+SCHEMA_VERSION = schema.SCHEMA_VERSION
+#: The published JSON Schema, package data next to this module.
+SCHEMA_FILE = "pack.schema.json"
+#: A pack holds a few hundred entries at most (tens of KB); a larger file is refused
+#: before it is read, so that a hostile one costs neither time nor memory.
+MAX_BYTES = 8 * 1024 * 1024
 
 #: Merge policies: which entry wins when two packs hold the same (kernel, dtype, shape).
 MERGE_POLICIES = ("fastest", "newest")
@@ -48,7 +47,7 @@ class PackError(ValueError):
 
 def json_schema() -> dict[str, Any]:
     """The published JSON Schema of a pack (``pack.schema.json``)."""
-    return json.loads(SCHEMA_PATH.read_text())
+    return json.loads(resources.files("harness.packs").joinpath(SCHEMA_FILE).read_text())
 
 
 def canonical(data: Mapping[str, Any]) -> bytes:
@@ -69,71 +68,9 @@ def empty(hardware: str, kernel: str) -> dict[str, Any]:
             "kernels": {kernel: {}}}
 
 
-def _finite(v: Any) -> bool:
-    return not isinstance(v, float) or math.isfinite(v)
-
-
-def _check_entry(entry: Any, at: str) -> str | None:
-    if not isinstance(entry, dict):
-        return f"{at}: must be an object"
-    for key in ("config", "metrics", "provenance"):
-        if not isinstance(entry.get(key), dict):
-            return f"{at}: has no '{key}' object"
-    config = entry["config"]
-    if not config:
-        return f"{at}.config: is empty"
-    for k, v in config.items():
-        if not _PARAM.fullmatch(k):
-            return f"{at}.config: bad parameter name {k!r}"
-        if not isinstance(v, _SCALAR) or not _finite(v):
-            return f"{at}.config.{k}: {v!r} is not a number, string or boolean"
-    for k, v in entry["metrics"].items():
-        if not (v is None or isinstance(v, _SCALAR)) or not _finite(v):
-            return f"{at}.metrics.{k}: {v!r} is not a scalar"
-    lat = entry["metrics"].get("latency_ms")
-    if lat is not None and (isinstance(lat, (bool, str)) or lat < 0):
-        return f"{at}.metrics.latency_ms: {lat!r} is not a latency"
-    for k in ("triton", "torch", "device_name", "date"):
-        if k in entry["provenance"] and not isinstance(entry["provenance"][k], str):
-            return f"{at}.provenance.{k}: must be a string"
-    return None
-
-
 def schema_error(data: Any) -> str | None:
-    """Why ``data`` does not follow pack.schema.json (None if it does). Checksum aside."""
-    if not isinstance(data, dict):
-        return "not a JSON object"
-    if data.get("schema_version") != SCHEMA_VERSION:
-        return f"schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}"
-    for key in ("hardware", "kernel", "kernels", "checksum"):
-        if key not in data:
-            return f"missing '{key}'"
-    for key in ("hardware", "kernel"):
-        if not isinstance(data[key], str) or not _NAME.fullmatch(data[key]):
-            return f"{key}: {data[key]!r} is not a valid name"
-    if not isinstance(data["checksum"], str) or not _CHECKSUM.fullmatch(data["checksum"]):
-        return "checksum: not 'sha256:<64 hex digits>'"
-    kernels = data["kernels"]
-    if not isinstance(kernels, dict):
-        return "'kernels' must be an object"
-    for kname, by_dtype in kernels.items():
-        if not _NAME.fullmatch(kname):
-            return f"kernels: bad kernel name {kname!r}"
-        if not isinstance(by_dtype, dict):
-            return f"kernels.{kname}: must be an object"
-        for dtype, entries in by_dtype.items():
-            if not _DTYPE.fullmatch(dtype):
-                return f"kernels.{kname}: bad dtype {dtype!r}"
-            if not isinstance(entries, dict):
-                return f"kernels.{kname}.{dtype}: must be an object"
-            for skey, entry in entries.items():
-                at = f"kernels.{kname}.{dtype}.{skey}"
-                if not _SHAPE_KEY.fullmatch(skey):
-                    return f"kernels.{kname}.{dtype}: bad shape key {skey!r}"
-                why = _check_entry(entry, at)
-                if why:
-                    return why
-    return None
+    """Why ``data`` does not follow the pack schema (None if it does). Checksum aside."""
+    return schema.error(data)
 
 
 def validate(data: Any, where: str) -> dict[str, Any]:
@@ -155,6 +92,8 @@ def validate(data: Any, where: str) -> dict[str, Any]:
 
 def loads(text: str | bytes, where: str) -> dict[str, Any]:
     """Parse and validate a pack from its bytes; PackError names ``where``."""
+    if len(text) > MAX_BYTES:
+        raise _too_large(len(text), where)
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -164,13 +103,27 @@ def loads(text: str | bytes, where: str) -> dict[str, Any]:
     return validate(data, where)
 
 
-def read(path: str | Path) -> dict[str, Any]:
+def _too_large(size: int, where: str) -> PackError:
+    return PackError(f"{where}: {size:,} bytes, above the {MAX_BYTES // (1024 * 1024)} MB "
+                     "a pack may have: refused unread")
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A pack file's bytes, refusing one above MAX_BYTES before reading it."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BYTES:
+                raise _too_large(size, str(path))
+            return f.read(MAX_BYTES + 1)
     except OSError as exc:
         raise PackError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return loads(raw, str(path))
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """Read and validate a pack file (size, JSON, checksum, schema)."""
+    return loads(read_bytes(path), str(path))
 
 
 def _clean(value: Any) -> Any:
@@ -190,12 +143,26 @@ def dumps(data: Mapping[str, Any]) -> str:
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
+_umask_lock = threading.Lock()
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open`` here: 0666 less the process's umask (0644
+    under the usual 022), so that an application running as another user can read it."""
+    with _umask_lock:  # reading the umask means setting it: not thread-safe on its own
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_text(path: str | Path, text: str | bytes) -> Path:
-    """Write atomically (temp file + rename): a reader never sees half a file."""
+    """Write atomically (temp file + rename): a reader never sees half a file. The file
+    gets the mode of a plain ``open`` (``file_mode``), not mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode() if isinstance(text, str) else text)
         os.replace(tmp, path)

@@ -33,14 +33,17 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from harness import hardware, kernel_api
 from harness.packs import format as fmt
+from harness.packs import verify
 
-SHIPPED = Path(__file__).resolve().parents[2] / "packs"
+#: The packs shipped with the harness: package data, read-only (a run never writes here).
+SHIPPED = Path(str(resources.files("harness.packs").joinpath("shipped")))
 _HERE = str(Path(__file__).resolve().parents[1])  # harness/: frames to skip in warnings
 
 
@@ -92,7 +95,8 @@ _misses: dict[tuple[str, str, str, str], dict[str, Any]] = {}
 # -- configuration ------------------------------------------------------------------------
 def search_path() -> list[Path]:
     """Where packs are looked for, first match wins: ``configure()``, then
-    ``$HARNESS_PACKS`` (os.pathsep-separated), then ./packs, then the shipped packs."""
+    ``$HARNESS_PACKS`` (os.pathsep-separated), then ./packs (the user's: where a run
+    writes by default), then the shipped packs (package data)."""
     if _paths is not None:
         return list(_paths)
     env = os.environ.get("HARNESS_PACKS")
@@ -188,32 +192,20 @@ def _version_note(provenance: dict[str, Any]) -> str | None:
 # -- loading ------------------------------------------------------------------------------
 def _check_pack(data: dict[str, Any], where: str, hw: str, fam: kernel_api.Kernel) -> _Pack:
     """What lookup needs from a pack that passed the schema and checksum: it is for this
-    hardware and kernel, and every config passes the kernel's own check_config."""
+    hardware and kernel, and every entry passes ``verify`` (a shape of the kernel, its
+    tunables with values of their types, the kernel's own check_config)."""
     if data["hardware"] != hw:
         raise fmt.PackError(f"{where}: the pack is for hardware {data['hardware']!r}, "
                             f"not {hw!r} (copied into the wrong directory?)")
     if data["kernel"] != fam.name:
         raise fmt.PackError(f"{where}: the pack is for kernel {data['kernel']!r}, "
                             f"not {fam.name!r}")
-    spec = hardware.spec_for_key(hw)
     pack = _Pack(data, where)
-    for dtype, by_shape in data["kernels"].get(fam.name, {}).items():
-        rows = pack.by_dtype.setdefault(dtype, [])
-        for skey, entry in by_shape.items():
-            at = f"{where}: kernels.{fam.name}.{dtype}.{skey}"
-            try:
-                shape = fam.validate_shape(fam.parse_shape_key(skey))
-            except (KeyError, ValueError) as exc:
-                raise fmt.PackError(f"{at}: not a {fam.name} shape key ({exc})") from None
-            try:
-                why = fam.check_config(entry["config"], shape, spec)
-            except Exception as exc:  # a kernel's own check must not take the app down
-                why = f"check_config raised {type(exc).__name__}: {exc}"
-            if why:
-                raise fmt.PackError(f"{at}: config fails {fam.name}'s constraints on {hw}: "
-                                    f"{why}")
-            rows.append(_Entry(skey, shape, dict(entry["config"]),
-                               _version_note(entry.get("provenance") or {})))
+    for dtype in data["kernels"].get(fam.name, {}):
+        pack.by_dtype.setdefault(dtype, [])
+    for dtype, skey, shape, entry in verify.entries(data, where, fam):
+        pack.by_dtype[dtype].append(_Entry(skey, shape, dict(entry["config"]),
+                                           _version_note(entry.get("provenance") or {})))
     return pack
 
 

@@ -20,6 +20,7 @@ and are never printed; the endpoint from ``endpoint_url`` or ``$AWS_ENDPOINT_URL
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import io
@@ -28,11 +29,15 @@ import logging
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from harness.packs import format as fmt
+from harness.packs import verify
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "kharness-packs-manifest"
@@ -125,12 +130,13 @@ def local_packs(packs_dir: str | Path) -> list[tuple[str, bytes, dict[str, Any]]
     for path in sorted(root.glob("*/*.json")):
         if path.parent.name.startswith(".") or path.name.startswith("."):
             continue  # staging and temp files
-        raw = path.read_bytes()
+        raw = fmt.read_bytes(path)
         data = fmt.loads(raw, str(path))
         rel = path.relative_to(root).as_posix()
         if (data["hardware"], data["kernel"]) != (path.parent.name, path.stem):
             raise fmt.PackError(f"{path}: holds the {data['hardware']}/{data['kernel']} "
                                 "pack under another name")
+        verify.check(data, str(path))  # what lookup would refuse is not published
         out.append((rel, raw, data))
     return out
 
@@ -156,11 +162,19 @@ def _get_manifest(s3: Any, bucket: str, prefix: str, name: str = MANIFEST
     if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT \
             or m.get("version") != MANIFEST_VERSION or not isinstance(m.get("packs"), list):
         raise S3Error(f"{where}: not a {MANIFEST_FORMAT} v{MANIFEST_VERSION} manifest")
+    seen: set[str] = set()
     for e in m["packs"]:
         if not (isinstance(e, dict) and isinstance(e.get("path"), str)
                 and _REL.fullmatch(e["path"]) and isinstance(e.get("object"), str)
                 and _OBJECT.fullmatch(e["object"]) and isinstance(e.get("sha256"), str)):
-            raise S3Error(f"{where}: bad entry {e!r}")
+            raise S3Error(f"{where}: bad entry {str(e)[:200]}")
+        if e["path"] in seen:
+            raise S3Error(f"{where}: lists {e['path']} twice: refusing the set")
+        seen.add(e["path"])
+        size = e.get("size")
+        if isinstance(size, int) and size > fmt.MAX_BYTES:
+            raise S3Error(f"{where}: {e['path']} is {size:,} bytes, above the "
+                          f"{fmt.MAX_BYTES // MB} MB a pack may have: refusing the set")
     return m
 
 
@@ -246,38 +260,120 @@ def pull(url: str, packs_dir: str | Path = "packs", *, client: Any = None,
         raise S3Error(f"s3://{bucket}/{_key(prefix, name)}: no such manifest "
                       "(nothing published there?)", bad_input=True)
     root = Path(packs_dir)
+    created = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=root))
+    _sweep_staging(root)
+    staging = Path(tempfile.mkdtemp(prefix=f".pull-{os.getpid()}-", dir=root))
+    done = False
     try:
-        for e in m["packs"]:
-            key = _key(prefix, e["object"])
-            where = f"s3://{bucket}/{key}"
-            buf = io.BytesIO()
-            try:
-                s3.download_fileobj(bucket, key, buf, Config=config)
-            except Exception as exc:
-                raise _remote_error(exc, where) from None
-            raw = buf.getvalue()
-            if _sha256(raw) != e["sha256"]:
-                raise S3Error(f"{where}: SHA-256 {_sha256(raw)} is not the manifest's "
-                              f"{e['sha256']} for {e['path']}: refusing the set")
-            try:
-                data = fmt.loads(raw, f"{where} ({e['path']})")
-            except fmt.PackError as exc:
-                raise S3Error(str(exc)) from None
-            hw, _, kfile = e["path"].partition("/")
-            if (data["hardware"], data["kernel"] + ".json") != (hw, kfile):
-                raise S3Error(f"{where}: holds {data['hardware']}/{data['kernel']}, "
-                              f"not {e['path']}")
-            target = staging / e["path"]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(raw)
-        written = []
-        for e in m["packs"]:
-            dest = root / e["path"]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging / e["path"], dest)
-            written.append(dest)
-        return written
+        with _terminate_as_exit():
+            fetched = [_fetch(s3, bucket, prefix, e, staging, config) for e in m["packs"]]
+            written = _swap(root, staging, fetched)
+            done = True
+            return written
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if created and not done:
+            with contextlib.suppress(OSError):
+                root.rmdir()  # created for this pull, and empty again
+
+
+def _fetch(s3: Any, bucket: str, prefix: str, e: dict[str, Any], staging: Path,
+           config: Any) -> str:
+    """Download one listed pack into ``staging`` and check it as lookup would: its
+    size, the manifest's SHA-256, the pack's own checksum and schema, its place, and
+    every entry against its kernel (``verify``). Returns its relative path."""
+    key = _key(prefix, e["object"])
+    where = f"s3://{bucket}/{key}"
+    try:
+        size = int(s3.head_object(Bucket=bucket, Key=key).get("ContentLength", 0))
+    except Exception as exc:
+        raise _remote_error(exc, where) from None
+    if size > fmt.MAX_BYTES:
+        raise S3Error(f"{where}: {size:,} bytes, above the {fmt.MAX_BYTES // MB} MB a pack "
+                      f"may have ({e['path']}): refusing the set")
+    buf = io.BytesIO()
+    try:
+        s3.download_fileobj(bucket, key, buf, Config=config)
+    except Exception as exc:
+        raise _remote_error(exc, where) from None
+    raw = buf.getvalue()
+    if _sha256(raw) != e["sha256"]:
+        raise S3Error(f"{where}: SHA-256 {_sha256(raw)} is not the manifest's "
+                      f"{e['sha256']} for {e['path']}: refusing the set")
+    try:
+        data = fmt.loads(raw, f"{where} ({e['path']})")
+        hw, _, kfile = e["path"].partition("/")
+        if (data["hardware"], data["kernel"] + ".json") != (hw, kfile):
+            raise fmt.PackError(f"{where}: holds {data['hardware']}/{data['kernel']}, "
+                                f"not {e['path']}")
+        verify.check(data, f"{where} ({e['path']})")
+    except fmt.PackError as exc:
+        raise S3Error(f"{exc}: refusing the set") from None
+    target = staging / "new" / e["path"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fmt.write_text(target, raw)
+    return e["path"]
+
+
+def _swap(root: Path, staging: Path, rels: list[str]) -> list[Path]:
+    """Move the checked packs into place. The packs they replace go aside first; if a
+    move fails, every replaced pack comes back, so the live set is the old one or the
+    new one, never a mix."""
+    moved: list[tuple[Path, Path | None]] = []  # (destination, its old pack set aside)
+    try:
+        for rel in rels:
+            dest = root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            old = None
+            if dest.exists():
+                old = staging / "old" / rel
+                old.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(dest, old)
+            moved.append((dest, old))
+            os.replace(staging / "new" / rel, dest)
+    except BaseException:
+        for dest, old in reversed(moved):
+            if old is not None and old.exists():
+                os.replace(old, dest)
+            elif old is None:
+                dest.unlink(missing_ok=True)
+        raise
+    return [dest for dest, _ in moved]
+
+
+def _sweep_staging(root: Path) -> None:
+    """Remove the staging directories of pulls whose process is gone (killed)."""
+    for path in root.glob(".pull-*"):
+        pid = path.name.split("-")[1] if path.name.count("-") >= 2 else ""
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM (a job killed politely) raises SystemExit during a pull, so that its
+    ``finally`` removes the staging directory; elsewhere the handler is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,63 @@
+"""The runtime's checks of a pack, beyond its schema and checksum: every entry is a shape
+of the pack's kernel, its config names only the kernel's tunables with values of their
+types, and passes the kernel's own constraints (``check_config``) on the pack's hardware.
+
+Lookup applies them before serving a pack; ``kharness packs`` applies the same before
+listing a pack as ok, pushing, pulling or merging it, so a pack the runtime would reject
+is refused before anything changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from harness import hardware, kernel_api
+from harness.packs.format import PackError
+
+
+def family(name: str) -> kernel_api.Kernel | None:
+    """The kernel family a pack names, or None where no registered family or import path
+    has that name (an ad-hoc ``harness.autotune`` kernel: only its application knows its
+    tunables)."""
+    try:
+        return kernel_api.get(name)
+    except Exception:  # noqa: BLE001 - an unknown or broken family is "not known" here
+        return None
+
+
+def entries(data: Mapping[str, Any], where: str, fam: kernel_api.Kernel
+            ) -> Iterator[tuple[str, str, dict[str, int], dict[str, Any]]]:
+    """(dtype, shape key, shape, entry) of every entry of ``fam`` in a pack that passed its
+    schema, each checked; PackError naming ``where`` and the entry at the first failure."""
+    hw = data["hardware"]
+    spec = hardware.spec_for_key(hw)
+    for dtype, by_shape in data["kernels"].get(fam.name, {}).items():
+        for skey, entry in by_shape.items():
+            at = f"{where}: kernels.{fam.name}.{dtype}.{skey}"
+            try:
+                shape = fam.validate_shape(fam.parse_shape_key(skey))
+            except (KeyError, ValueError) as exc:
+                raise PackError(f"{at}: not a {fam.name} shape key ({exc})") from None
+            why = fam.check_tunables(entry["config"])
+            if why:
+                raise PackError(f"{at}: config: {why}")
+            try:
+                why = fam.check_config(entry["config"], shape, spec)
+            except Exception as exc:  # noqa: BLE001 - a kernel's own check must not crash
+                why = f"check_config raised {type(exc).__name__}: {exc}"
+            if why:
+                raise PackError(f"{at}: config fails {fam.name}'s constraints on {hw}: {why}")
+            yield dtype, skey, shape, entry
+
+
+def check(data: Mapping[str, Any], where: str, fam: kernel_api.Kernel | None = None) -> None:
+    """Every check lookup applies to a pack of a known family (see the module doc); a pack
+    whose kernel no family describes is checked by its schema only. PackError on failure."""
+    fam = fam or family(data["kernel"])
+    if fam is None:
+        return
+    if data["kernel"] != fam.name:
+        raise PackError(f"{where}: the pack is for kernel {data['kernel']!r}, not {fam.name!r}")
+    for _ in entries(data, where, fam):
+        pass
