@@ -31,6 +31,7 @@ from harness.kernel_api import DeviceSpec
 from harness.measure import Timing, TrialResult
 from harness.packs import format as packfmt
 from harness.search import ATTR_RESULT, ATTR_STATUS, Search, grid_order, make_storage, storage_url
+from harness.tracking.redact import redact
 from harness.tracking.tracker import (
     Tracker,
     TrialLogger,
@@ -319,6 +320,7 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     it stays up for the caller's next run."""
     console = console or Console(stderr=True)
     exp = experiment.load(path, overrides, semantics=False)  # the file's form: milliseconds
+    lock = experiment.lock_run_dir(path, exp)  # a second run of it exits 2, naming this one
     summary = Summary() if started_at is None else Summary(t0=started_at)
     summary.mark("run_called")
     t_start = summary.t0
@@ -340,6 +342,7 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     if error is not None:
         if where == "local":  # started for this run only
             ray.shutdown()
+        lock.release(undo=True)
         raise error
     summary.mark("ray_connected")
     fs = exp.fleet
@@ -368,6 +371,7 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
         stop_ray()
         for thread in stopping:
             thread.join()
+        lock.release()
     summary.wall_s = time.monotonic() - t_start
     summary.mark("done")
     return summary
@@ -497,7 +501,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         exp.name, {"harness.level": "experiment", "harness.git_sha": git_sha(),
                    "harness.config": str(path)}, resume=prior.get("parent_run_id"))
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    run_state = {"parent_run_id": summary.parent_run_id, "tracking_uri": tracker.uri,
+    run_state = {"parent_run_id": summary.parent_run_id, "tracking_uri": redact(tracker.uri),
                  "mlflow_experiment": exp.tracking.experiment or exp.name,
                  "config": str(Path(path).resolve()),
                  "packs_dir": str(Path(exp.output.packs_dir).resolve())}

@@ -131,3 +131,51 @@ def test_run_against_tracking_server(tmp_path, servers):
     assert any(k.endswith(f"{parent.info.run_id}/artifacts/packs/grouped_gemm.json")
                for k in keys), keys
     assert any(k.endswith(f"{study.info.run_id}/artifacts/plots/roofline.png") for k in keys)
+
+
+def test_credentials_in_the_uri_are_never_stored_or_printed(tmp_path, servers):
+    """``tracking.uri`` with ``user:password@``: the run logs to the server (MLflow sends
+    the credentials from the environment), ``--json`` prints JSON only (no MLflow "View
+    run" links), and the password is in no output, state file, or Ray log."""
+    import json
+    import shutil
+    import tempfile
+
+    uri, _ = servers
+    password = "pw-never-stored-4711"
+    host = uri.removeprefix("http://")
+    exp = {
+        "name": "cred", "kernel": "grouped_gemm",
+        "shapes": [{"M": 200, "N": 64, "K": 64, "E": 3}], "dtypes": ["fp16"],
+        "search": {"sampler": "random", "trials": 2},
+        "search_space": {"hardware": {"cpu": {"params": {
+            "BLOCK_N": [64], "BLOCK_K": [64], "GROUP_M": [1], "PERSISTENT": [0, 1]}}}},
+        "tracking": {"uri": f"http://alice:{password}@{host}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+    }
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": ray_tmp}
+    for var in ("TRITON_INTERPRET", "RAY_ADDRESS", "MLFLOW_TRACKING_PASSWORD"):
+        env.pop(var, None)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", str(path), "--json"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summary = json.loads(proc.stdout)  # JSON only on stdout
+        assert summary["tracking_uri"] == uri
+        assert password not in proc.stdout + proc.stderr
+        stored = [p for root in (tmp_path / "runs", Path(ray_tmp)) for p in root.rglob("*")
+                  if p.is_file() and not p.is_symlink()]
+        assert any(p.name == "state.json" for p in stored)
+        leaks = [str(p) for p in stored if password.encode() in p.read_bytes()]
+        assert not leaks, leaks
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("cred").experiment_id])
+    assert runs and all(password not in json.dumps(r.to_dictionary()) for r in runs)

@@ -1,5 +1,6 @@
 """Experiment files: the schema (``schema``), reading them (``load``), the checks that need
-the kernel family (``checks``) and the plan of studies (``plan``).
+the kernel family (``checks``), the plan of studies (``plan``) and the lock that keeps
+one run of an experiment at a time (``lock``).
 
 Nothing else in the harness reads experiment YAML. A bad file raises ``ExperimentError``
 naming the file and the field, before anything is written.
@@ -7,6 +8,7 @@ naming the file and the field, before anything is written.
 
 from harness.experiment.checks import check_semantics
 from harness.experiment.load import MAX_BYTES, load
+from harness.experiment.lock import RunLock, lock_run_dir
 from harness.experiment.plan import StudySpec, plan
 from harness.experiment.schema import (
     SAMPLERS,
@@ -23,6 +25,6 @@ from harness.experiment.schema import (
 
 __all__ = [
     "MAX_BYTES", "SAMPLERS", "BaselineSettings", "Experiment", "ExperimentError",
-    "FleetSettings", "OutputSettings", "SearchSettings", "SearchSpace", "StudySpec",
-    "TimingSettings", "TrackingSettings", "check_semantics", "load", "plan",
+    "FleetSettings", "OutputSettings", "RunLock", "SearchSettings", "SearchSpace", "StudySpec",
+    "TimingSettings", "TrackingSettings", "check_semantics", "load", "lock_run_dir", "plan",
 ]

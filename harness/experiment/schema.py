@@ -84,8 +84,16 @@ class TimingSettings(_Strict):
 
 class TrackingSettings(_Strict):
     uri: str | None = Field(None, description="MLflow tracking URI; default: sqlite:///mlflow.db "
-                            "or $MLFLOW_TRACKING_URI")
+                            "or $MLFLOW_TRACKING_URI. An HTTP(S) URI's user:password moves "
+                            "into MLFLOW_TRACKING_USERNAME/PASSWORD as the file is read")
     experiment: str | None = Field(None, description="MLflow experiment name; default: the name")
+
+    @field_validator("uri")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        from harness.tracking.redact import move_credentials
+
+        return move_credentials(v)
 
 
 class OutputSettings(_Strict):

@@ -3,7 +3,8 @@
 ``redact(text)`` replaces the values of the secret environment variables, the Ray auth
 token (``~/.ray/auth_token``) and the password of any ``scheme://user:password@host`` URI
 with ``***``. ``install()`` puts a filter doing that on every handler of the root logger,
-so that every log record, whoever emits it, is redacted.
+so that every log record, whoever emits it, is redacted. ``move_credentials`` takes the
+credentials out of a tracking URI before anything stores it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
 
@@ -61,6 +63,32 @@ def redact(text: str) -> str:
         text = text.replace(value, MASK)
     text = _URI_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
     return _AWS_KEY_ID.sub(MASK, text)
+
+
+#: Where MLflow's HTTP client takes basic-auth credentials from.
+USERNAME_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+
+
+def move_credentials(uri: str | None) -> str | None:
+    """``uri`` without the ``user:password@`` of an HTTP(S) tracking server: they move
+    into ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, from which MLflow
+    sends them (in this process and in those it starts), so that no URI the harness
+    stores, logs or passes to Ray holds them. Other URIs are returned as they are (a
+    database URI's password is masked wherever it is shown: ``redact``)."""
+    if not uri or "@" not in uri:
+        return uri
+    try:
+        parts = urlsplit(uri)
+        user, password = parts.username, parts.password
+    except ValueError:  # not a URI (a bad port): left to MLflow to refuse, masked
+        return uri
+    if parts.scheme.lower() not in ("http", "https") or (user is None and password is None):
+        return uri
+    if user:
+        os.environ[USERNAME_ENV] = unquote(user)
+    if password is not None:
+        os.environ[PASSWORD_ENV] = unquote(password)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 class RedactFilter(logging.Filter):

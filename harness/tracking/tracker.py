@@ -44,7 +44,11 @@ def trial_metrics(result: Mapping[str, Any], status: str) -> dict[str, Any]:
 
 
 def tracking_uri(configured: str | None) -> str:
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    """The URI to use, its credentials moved into the environment (``move_credentials``)."""
+    from harness.tracking.redact import move_credentials
+
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    return move_credentials(uri) or DEFAULT_URI
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,6 +79,9 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri(uri)
+        # MLflow prints "View run ... at: <url>" to stdout as a run ends on a tracking
+        # server: it would break `--json` and show the server's address; never wanted.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(self.uri)
         exp = self.client.get_experiment_by_name(experiment)
