@@ -8,8 +8,12 @@ Two implementations:
 
 * the five-stage pipeline (``chunk_cumsum`` -> ``bmm_chunk`` -> ``chunk_state`` ->
   ``state_passing`` -> ``chunk_scan``), one launch each, with intermediates in global memory;
-* ``ssd_fused``: one program per (p-block, head, batch) walks the chunks in order and carries
-  the (n, p-block) state in registers.
+* the fused pair: ``ssd_chunk`` (one program per chunk and block of heads: the whole
+  intra-chunk output plus ``D x``, and the state the chunk alone leaves at its end; ``C B^T``
+  is computed once per chunk and shared by the heads of the block), then ``ssd_carry`` (one
+  program per head and p-block walks the chunks in order, carries the state in registers,
+  and adds ``exp(dAcs) C . state_in`` to ``y``). All the matrix work is in the chunk-parallel
+  launch except one ``C . state`` product per chunk; the sequential one is memory-bound.
 
 Rows at or past ``L`` load as zero (``dt = 0`` keeps ``dAcs`` flat there), so any ``L``
 works, not just multiples of ``CHUNK``. Every ``exp`` of a decay difference is clamped at 0
@@ -234,8 +238,12 @@ def chunk_scan_kernel(
 
     # Inter-chunk part: the state entering the chunk, decayed to each row.
     c_blk = tl.load(
-        C_ptr + pid_b * s_c_b + pid_g * s_c_g + row0 * s_c_l
-        + offs_m[:, None] * s_c_l + offs_n[None, :] * s_c_n,
+        C_ptr
+        + pid_b * s_c_b
+        + pid_g * s_c_g
+        + row0 * s_c_l
+        + offs_m[:, None] * s_c_l
+        + offs_n[None, :] * s_c_n,
         mask=mask_m[:, None] & mask_n[None, :],
         other=0.0,
     )
@@ -276,189 +284,164 @@ def chunk_scan_kernel(
     d = tl.load(D_ptr + pid_h).to(tl.float32)
     acc += d * x_m
     tl.store(
-        y_ptr + pid_b * s_y_b + pid_h * s_y_h + row0 * s_y_l
-        + offs_m[:, None] * s_y_l + offs_p[None, :] * s_y_p,
+        y_ptr
+        + pid_b * s_y_b
+        + pid_h * s_y_h
+        + row0 * s_y_l
+        + offs_m[:, None] * s_y_l
+        + offs_p[None, :] * s_y_p,
         acc.to(y_ptr.dtype.element_ty),
         mask=mask_m[:, None] & mask_p[None, :],
     )
 
 
 # ---------------------------------------------------------------------------------------
-# Fused single launch
+# Fused: a chunk-parallel launch and a light sequential carry
 # ---------------------------------------------------------------------------------------
 
 
 @triton.jit
-def ssd_fused_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr,
-    L, HPG, P, N,
+def ssd_chunk_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr, st_ptr,
+    L, H, HPG, G, P, N, nchunks,
     s_x_b, s_x_l, s_x_h, s_x_p,
     s_dt_b, s_dt_l, s_dt_h,
     s_b_b, s_b_l, s_b_g, s_b_n,
     s_c_b, s_c_l, s_c_g, s_c_n,
     s_y_b, s_y_l, s_y_h, s_y_p,
-    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    STATE: tl.constexpr, SINGLE: tl.constexpr,
+    CHUNK: tl.constexpr, HEADS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, STATE: tl.constexpr,
 ):  # fmt: skip
-    """All of the SSD for one (p-block, head, batch): walk the chunks in order, carrying
-    the state (n, p-block) in registers as ``STATE``. Per chunk: outputs from the entering
-    state plus the causal intra-chunk part, then the state update. When one tile covers the
-    chunk (``SINGLE``: BLOCK_M == BLOCK_K == CHUNK) everything is loaded once per chunk;
-    otherwise the chunk is tiled into BLOCK_M row tiles with BLOCK_K reduction tiles."""
+    """One chunk, ``HEADS`` heads of one group: ``y = (C B^T o decay o dt) x + D x`` (the
+    intra-chunk output; the carry adds the inter-chunk part) and the chunk's own end state
+    ``st[b, c, h] = B^T (x * exp(total - dAcs) * dt)`` as (n, p), rounded to ``STATE``.
+    ``C B^T`` is computed once and reused by every head of the block."""
+    pid_c = tl.program_id(0)
+    pid_hb = tl.program_id(1)
+    pid_bg = tl.program_id(2)
+    pid_b = (pid_bg // G).to(tl.int64)
+    pid_g = (pid_bg % G).to(tl.int64)
+    offs_l = tl.arange(0, CHUNK)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_p = tl.arange(0, BLOCK_P)
+    rem = L - pid_c * CHUNK  # rows of this chunk that exist
+    mask_l = offs_l < rem
+    mask_n = offs_n < N
+    mask_p = offs_p < P
+    # The chunk base carries the int64 part; offsets within a chunk stay int32.
+    row0 = pid_c.to(tl.int64) * CHUNK
+    c_blk = tl.load(
+        C_ptr + pid_b * s_c_b + pid_g * s_c_g + row0 * s_c_l
+        + offs_l[:, None] * s_c_l + offs_n[None, :] * s_c_n,
+        mask=mask_l[:, None] & mask_n[None, :],
+        other=0.0,
+    )  # fmt: skip
+    bt_op = _op(
+        tl.load(
+            B_ptr + pid_b * s_b_b + pid_g * s_b_g + row0 * s_b_l
+            + offs_l[None, :] * s_b_l + offs_n[:, None] * s_b_n,
+            mask=mask_l[None, :] & mask_n[:, None],
+            other=0.0,
+        ),
+        DOT, UPCAST,
+    )  # fmt: skip
+    cb = tl.dot(_op(c_blk, DOT, UPCAST), bt_op, input_precision=PREC)
+    causal = offs_l[:, None] >= offs_l[None, :]
+    for hh in range(HEADS):
+        hig = pid_hb * HEADS + hh  # head within the group
+        if hig < HPG:
+            head = pid_g * HPG + hig
+            a = tl.load(A_ptr + head).to(tl.float32)
+            d = tl.load(D_ptr + head).to(tl.float32)
+            dt = tl.load(
+                dt_ptr + pid_b * s_dt_b + head * s_dt_h + (row0 + offs_l) * s_dt_l,
+                mask=mask_l,
+                other=0.0,
+            ).to(tl.float32)
+            dA = dt * a
+            dacs = tl.cumsum(dA, axis=0)
+            total = tl.sum(dA, axis=0)
+            x_blk = tl.load(
+                x_ptr + pid_b * s_x_b + head * s_x_h + row0 * s_x_l
+                + offs_l[:, None] * s_x_l + offs_p[None, :] * s_x_p,
+                mask=mask_l[:, None] & mask_p[None, :],
+                other=0.0,
+            )  # fmt: skip
+            x32 = x_blk.to(tl.float32)
+            decay = tl.exp(tl.minimum(dacs[:, None] - dacs[None, :], 0.0))
+            w_cb = tl.where(causal, cb * decay * dt[None, :], 0.0)
+            acc = tl.dot(_op(w_cb, DOT, UPCAST), _op(x_blk, DOT, UPCAST), d * x32,
+                         input_precision=PREC)  # fmt: skip
+            tl.store(
+                y_ptr + pid_b * s_y_b + head * s_y_h + row0 * s_y_l
+                + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p,
+                acc.to(y_ptr.dtype.element_ty),
+                mask=mask_l[:, None] & mask_p[None, :],
+            )  # fmt: skip
+            if pid_c + 1 < nchunks:  # the last chunk's end state is never read
+                w = tl.exp(tl.minimum(total - dacs, 0.0)) * dt
+                st = tl.dot(bt_op, _op(x32 * w[:, None], DOT, UPCAST), input_precision=PREC)
+                st_base = st_ptr + ((pid_b * nchunks + pid_c) * H + head) * N * P
+                tl.store(
+                    st_base + offs_n[:, None] * P + offs_p[None, :],
+                    st.to(STATE),
+                    mask=mask_n[:, None] & mask_p[None, :],
+                )
+
+
+@triton.jit
+def ssd_carry_kernel(
+    dt_ptr, A_ptr, C_ptr, y_ptr, st_ptr,
+    L, H, HPG, P, N, nchunks,
+    s_dt_b, s_dt_l, s_dt_h,
+    s_c_b, s_c_l, s_c_g, s_c_n,
+    s_y_b, s_y_l, s_y_h, s_y_p,
+    CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One (p-block, head, batch): walk the chunks in order with the state (n, p-block) in
+    fp32 registers; for chunk ``c >= 1`` add ``exp(dAcs) C . state_in`` to ``y`` and then
+    ``state = exp(total_c) state + st[c]``. The loads do not depend on the carried state, so
+    the software pipeline streams them ahead of the one dependent product."""
     pid_p = tl.program_id(0)
     pid_h = tl.program_id(1).to(tl.int64)
     pid_b = tl.program_id(2).to(tl.int64)
     pid_g = pid_h // HPG
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_l = tl.arange(0, CHUNK)
     offs_n = tl.arange(0, BLOCK_N)
-    mask_p = offs_p < P
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_n = offs_n < N
-    x_base = x_ptr + pid_b * s_x_b + pid_h * s_x_h
-    y_base = y_ptr + pid_b * s_y_b + pid_h * s_y_h
-    dt_base = dt_ptr + pid_b * s_dt_b + pid_h * s_dt_h
-    b_base = B_ptr + pid_b * s_b_b + pid_g * s_b_g
-    c_base = C_ptr + pid_b * s_c_b + pid_g * s_c_g
+    mask_p = offs_p < P
     a = tl.load(A_ptr + pid_h).to(tl.float32)
-    d = tl.load(D_ptr + pid_h).to(tl.float32)
-    # The state transposed, (n, p): both of its dots then take it without a transpose.
-    state = tl.zeros((BLOCK_N, BLOCK_P), dtype=STATE)
-    nchunks = tl.cdiv(L, CHUNK)
-    for c in range(nchunks):
-        # Chunk base pointers carry the int64 part (row * stride can pass 2**31); offsets
-        # within a chunk stay int32, which keeps the per-element address math small.
-        c0 = pid_b * 0 + c * CHUNK
-        rem = L - c * CHUNK  # rows of this chunk that exist
-        xc = x_base + c0 * s_x_l
-        yc = y_base + c0 * s_y_l
-        dtc = dt_base + c0 * s_dt_l
-        bc = b_base + c0 * s_b_l
-        cc = c_base + c0 * s_c_l
-        if SINGLE:
-            offs_l = tl.arange(0, CHUNK)
-            mask_l = offs_l < rem
-            dt = tl.load(dtc + offs_l * s_dt_l, mask=mask_l, other=0.0).to(tl.float32)
-            dA = dt * a
-            dacs = tl.cumsum(dA, axis=0)
-            c_blk = tl.load(
-                cc + offs_l[:, None] * s_c_l + offs_n[None, :] * s_c_n,
-                mask=mask_l[:, None] & mask_n[None, :],
-                other=0.0,
-            )
-            bt_blk = tl.load(
-                bc + offs_l[None, :] * s_b_l + offs_n[:, None] * s_b_n,
-                mask=mask_l[None, :] & mask_n[:, None],
-                other=0.0,
-            )
-            x_blk = tl.load(
-                xc + offs_l[:, None] * s_x_l + offs_p[None, :] * s_x_p,
-                mask=mask_l[:, None] & mask_p[None, :],
-                other=0.0,
-            )
-            c_op = _op(c_blk, DOT, UPCAST)
-            acc = tl.dot(c_op, _op(state, DOT, UPCAST), input_precision=PREC)
-            acc = acc * tl.exp(dacs)[:, None]
-            cb = tl.dot(c_op, _op(bt_blk, DOT, UPCAST), input_precision=PREC)
-            decay = tl.exp(tl.minimum(dacs[:, None] - dacs[None, :], 0.0))
-            cb = tl.where(offs_l[:, None] >= offs_l[None, :], cb * decay * dt[None, :], 0.0)
-            acc = tl.dot(_op(cb, DOT, UPCAST), _op(x_blk, DOT, UPCAST), acc, input_precision=PREC)
-            acc += d * x_blk.to(tl.float32)
-            tl.store(
-                yc + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p,
-                acc.to(y_ptr.dtype.element_ty),
-                mask=mask_l[:, None] & mask_p[None, :],
-            )
-            total = tl.sum(dA, axis=0)
-            w = tl.exp(tl.minimum(total - dacs, 0.0)) * dt
-            xw = x_blk.to(tl.float32) * w[:, None]
-            new_state = tl.dot(
-                _op(bt_blk, DOT, UPCAST),
-                _op(xw, DOT, UPCAST),
-                state.to(tl.float32) * tl.exp(total),
-                input_precision=PREC,
-            )
-            state = new_state.to(STATE)
-        else:
-            m_off = a * 0.0  # cumsum of dt * A from the chunk start to the row tile
-            for mi in range(0, CHUNK // BLOCK_M):
-                offs_m = mi * BLOCK_M + tl.arange(0, BLOCK_M)
-                mask_m = offs_m < rem
-                dt_m = tl.load(dtc + offs_m * s_dt_l, mask=mask_m, other=0.0).to(tl.float32)
-                dA_m = dt_m * a
-                dacs_m = m_off + tl.cumsum(dA_m, axis=0)
-                c_blk = tl.load(
-                    cc + offs_m[:, None] * s_c_l + offs_n[None, :] * s_c_n,
-                    mask=mask_m[:, None] & mask_n[None, :],
-                    other=0.0,
-                )
-                c_op = _op(c_blk, DOT, UPCAST)
-                acc = tl.dot(c_op, _op(state, DOT, UPCAST), input_precision=PREC)
-                acc = acc * tl.exp(dacs_m)[:, None]
-                k_off = a * 0.0
-                for k0 in range(0, (mi + 1) * BLOCK_M, BLOCK_K):
-                    offs_k = k0 + tl.arange(0, BLOCK_K)
-                    mask_k = offs_k < rem
-                    dt_k = tl.load(dtc + offs_k * s_dt_l, mask=mask_k, other=0.0).to(tl.float32)
-                    dA_k = dt_k * a
-                    dacs_k = k_off + tl.cumsum(dA_k, axis=0)
-                    k_off += tl.sum(dA_k, axis=0)
-                    bt_blk = tl.load(
-                        bc + offs_k[None, :] * s_b_l + offs_n[:, None] * s_b_n,
-                        mask=mask_k[None, :] & mask_n[:, None],
-                        other=0.0,
-                    )
-                    x_blk = tl.load(
-                        xc + offs_k[:, None] * s_x_l + offs_p[None, :] * s_x_p,
-                        mask=mask_k[:, None] & mask_p[None, :],
-                        other=0.0,
-                    )
-                    cb = tl.dot(c_op, _op(bt_blk, DOT, UPCAST), input_precision=PREC)
-                    decay = tl.exp(tl.minimum(dacs_m[:, None] - dacs_k[None, :], 0.0))
-                    cb = tl.where(
-                        offs_m[:, None] >= offs_k[None, :], cb * decay * dt_k[None, :], 0.0
-                    )
-                    acc = tl.dot(
-                        _op(cb, DOT, UPCAST), _op(x_blk, DOT, UPCAST), acc, input_precision=PREC
-                    )
-                x_m = tl.load(
-                    xc + offs_m[:, None] * s_x_l + offs_p[None, :] * s_x_p,
-                    mask=mask_m[:, None] & mask_p[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-                acc += d * x_m
-                tl.store(
-                    yc + offs_m[:, None] * s_y_l + offs_p[None, :] * s_y_p,
-                    acc.to(y_ptr.dtype.element_ty),
-                    mask=mask_m[:, None] & mask_p[None, :],
-                )
-                m_off += tl.sum(dA_m, axis=0)
-            # State update: a second pass over the chunk, now that its total decay is known
-            # (weighting by exp(-dacs) in the first pass instead would overflow).
-            total = m_off
-            acc_s = state.to(tl.float32) * tl.exp(total)
-            k_off = a * 0.0
-            for k0 in range(0, CHUNK, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                mask_k = offs_k < rem
-                dt_k = tl.load(dtc + offs_k * s_dt_l, mask=mask_k, other=0.0).to(tl.float32)
-                dA_k = dt_k * a
-                dacs_k = k_off + tl.cumsum(dA_k, axis=0)
-                k_off += tl.sum(dA_k, axis=0)
-                bt_blk = tl.load(
-                    bc + offs_k[None, :] * s_b_l + offs_n[:, None] * s_b_n,
-                    mask=mask_k[None, :] & mask_n[:, None],
-                    other=0.0,
-                )
-                x_blk = tl.load(
-                    xc + offs_k[:, None] * s_x_l + offs_p[None, :] * s_x_p,
-                    mask=mask_k[:, None] & mask_p[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-                w = tl.exp(tl.minimum(total - dacs_k, 0.0)) * dt_k
-                acc_s = tl.dot(
-                    _op(bt_blk, DOT, UPCAST),
-                    _op(x_blk * w[:, None], DOT, UPCAST),
-                    acc_s,
-                    input_precision=PREC,
-                )
-            state = acc_s.to(STATE)
+    dt_base = dt_ptr + pid_b * s_dt_b + pid_h * s_dt_h
+    c_base = C_ptr + pid_b * s_c_b + pid_g * s_c_g
+    y_base = y_ptr + pid_b * s_y_b + pid_h * s_y_h
+    st_base = st_ptr + (pid_b * nchunks * H + pid_h) * N * P
+    state = tl.zeros((BLOCK_N, BLOCK_P), dtype=tl.float32)
+    # Total decay of chunk 0 (the chunk before the first one that reads a state).
+    dt0 = tl.load(dt_base + offs_l * s_dt_l, mask=offs_l < L, other=0.0).to(tl.float32)
+    total = tl.sum(dt0 * a, axis=0)
+    for c in range(1, nchunks):
+        st = tl.load(
+            st_base + (pid_b * 0 + c - 1) * H * N * P + offs_n[:, None] * P + offs_p[None, :],
+            mask=mask_n[:, None] & mask_p[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        state = state * tl.exp(total) + st
+        row0 = (pid_b * 0 + c) * CHUNK  # int64 (a loop index has no .to in the interpreter)
+        mask_l = offs_l < L - c * CHUNK
+        dt = tl.load(dt_base + (row0 + offs_l) * s_dt_l, mask=mask_l, other=0.0).to(tl.float32)
+        dA = dt * a
+        dacs = tl.cumsum(dA, axis=0)
+        total = tl.sum(dA, axis=0)
+        c_blk = tl.load(
+            c_base + row0 * s_c_l + offs_l[:, None] * s_c_l + offs_n[None, :] * s_c_n,
+            mask=mask_l[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        y_ptrs = y_base + row0 * s_y_l + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p
+        mask_y = mask_l[:, None] & mask_p[None, :]
+        y_in = tl.load(y_ptrs, mask=mask_y, other=0.0).to(tl.float32)
+        acc = tl.dot(_op(c_blk, DOT, UPCAST), _op(state, DOT, UPCAST), input_precision=PREC)
+        tl.store(y_ptrs, (acc * tl.exp(dacs)[:, None] + y_in).to(y_ptr.dtype.element_ty),
+                 mask=mask_y)  # fmt: skip

@@ -10,12 +10,18 @@ per-head/per-step scalars kept in fp32). Output ``y`` (b, L, h, p) in the input 
 i.e. the recurrence ``s_t = exp(dt_t A) s_{t-1} + dt_t x_t B_t^T``, ``y_t = s_t C_t + D x_t``.
 The final state is not returned.
 
-Tunables: ``IMPL`` (``five``: the five-kernel pipeline; ``fused``: one launch that carries the
-state across chunks in registers), ``CHUNK_SIZE``, ``STATE_DTYPE`` (dtype of the states
-stored between chunks; fused: of the state carried in registers), ``BLOCK_M`` (row tile within
-a chunk), ``BLOCK_K`` (reduction tile over chunk positions), ``BLOCK_P`` (head-dim tile),
-``num_warps``, ``num_stages``. ``n`` is never tiled (one tile of next_pow2(n) <= 256). Any
-``L`` works: the ragged last chunk is masked.
+Tunables: ``IMPL`` (``five``: the five-kernel pipeline; ``fused``: two launches, a
+chunk-parallel one that computes each chunk's intra-chunk output and end state, and a
+sequential one per head that carries the state across chunks and adds ``C . state``),
+``CHUNK_SIZE``, ``STATE_DTYPE`` (dtype of the per-chunk states stored between launches; the
+carried state is fp32), ``HEADS`` (fused: heads per chunk program sharing one ``C B^T``),
+``BLOCK_M`` / ``BLOCK_K`` (five: row / reduction tiles within a chunk), ``BLOCK_P``
+(head-dim tile; fused: of the sequential carry), ``num_warps``, ``num_stages`` (fused: of the
+chunk launch; the carry runs 4 warps, 2 stages). ``n`` is never tiled (one tile of
+next_pow2(n) <= 256). Any ``L`` works: the ragged last chunk is masked.
+
+Inner products: bf16/fp16 inputs multiply in the input dtype with fp32 accumulation; fp32
+inputs use 3xTF32 (``tf32x3``, fp32-accurate) on NVIDIA GPUs and IEEE fp32 elsewhere.
 """
 
 from __future__ import annotations
@@ -165,9 +171,10 @@ class Mamba2SSD(Kernel):
         "IMPL": "fused",
         "CHUNK_SIZE": 64,
         "STATE_DTYPE": "fp32",
+        "HEADS": 4,
         "BLOCK_M": 64,
         "BLOCK_K": 64,
-        "BLOCK_P": 32,
+        "BLOCK_P": 16,
         "num_warps": 4,
         "num_stages": 2,
     }
@@ -254,17 +261,27 @@ class Mamba2SSD(Kernel):
         nchunks = triton.cdiv(L, chunk)
 
         if cfg["IMPL"] == "fused":
-            grid = (triton.cdiv(p, bp), h, b)
+            heads = int(cfg["HEADS"])
+            bpf = max(16, _next_pow2(p))
+            # The states each chunk leaves at its end, (n, p) per head; the last is unused.
+            states = torch.empty(b, nchunks, h, n, p, dtype=state_t, device=x.device)
 
             def run_fused() -> torch.Tensor:
-                K.ssd_fused_kernel[grid](
-                    x, dt, A, B, C, D, y,
-                    L, hpg, p, n,
+                K.ssd_chunk_kernel[(nchunks, triton.cdiv(hpg, heads), b * g)](
+                    x, dt, A, B, C, D, y, states,
+                    L, h, hpg, g, p, n, nchunks,
                     *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(),
-                    CHUNK=chunk, BLOCK_M=bm, BLOCK_K=bk, BLOCK_P=bp, BLOCK_N=bn,
-                    STATE=_TL_DTYPES[state_t], SINGLE=bm == chunk and bk == chunk,
-                    num_warps=warps, num_stages=stages, **common,
+                    CHUNK=chunk, HEADS=heads, BLOCK_P=bpf, BLOCK_N=bn,
+                    STATE=_TL_DTYPES[state_t], num_warps=warps, num_stages=stages, **common,
                 )  # fmt: skip
+                if nchunks > 1:
+                    K.ssd_carry_kernel[(triton.cdiv(p, bp), h, b)](
+                        dt, A, C, y, states,
+                        L, h, hpg, p, n, nchunks,
+                        *dt.stride(), *C.stride(), *y.stride(),
+                        CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn,
+                        num_warps=4, num_stages=2, **common,
+                    )  # fmt: skip
                 return y
 
             return run_fused
@@ -344,7 +361,7 @@ class Mamba2SSD(Kernel):
         tol = max(base, {"fp16": 1e-2, "bf16": 5e-2}.get(state, 0.0))
         return Tolerance(tol, tol)
 
-    def _smem_bytes(self, cfg: Config, n: int, dtype_bytes: int) -> int:
+    def _smem_bytes(self, cfg: Config, n: int, p: int, dtype_bytes: int) -> int:
         """Shared memory of the largest kernel: pipelined operand tiles times num_stages,
         plus register operands staged through shared memory for tl.dot. Checked against
         sm_90 compiles (bf16, n=128): 0-25% above what Triton allocates."""
@@ -353,7 +370,9 @@ class Mamba2SSD(Kernel):
         bm, bk, bp = int(cfg["BLOCK_M"]), int(cfg["BLOCK_K"]), int(cfg["BLOCK_P"])
         ns = max(1, int(cfg["num_stages"]))
         if cfg["IMPL"] == "fused":
-            return e * (ns * (bm * bn + bn * bk + bk * bp) + bn * bp + bk * bp)
+            # Chunk launch: C and B^T, the masked C B^T and x (and x * w) as dot operands.
+            q, bpf = int(cfg["CHUNK_SIZE"]), max(16, _next_pow2(p))
+            return e * (2 * q * bn + q * q + 2 * q * bpf)
         scan = ns * (bm * bk * 4 + bk * bp * e) + e * (bm * bn + bn * bp)
         state = ns * (bp * bk + bk * bn) * e
         bmm = (bm * bn + bn * bk) * e
@@ -376,7 +395,7 @@ class Mamba2SSD(Kernel):
                 return f"{name}={v} must be a power of two >= 16 (tl.dot)"
         if chunk > max(16, _next_pow2(L)):
             return f"CHUNK_SIZE={chunk} > next_pow2(L={L})"
-        if bm > chunk or bk > chunk:
+        if cfg["IMPL"] == "five" and (bm > chunk or bk > chunk):
             return f"BLOCK_M={bm} / BLOCK_K={bk} must not exceed CHUNK_SIZE={chunk}"
         if bp > max(16, _next_pow2(p)):
             return f"BLOCK_P={bp} > next_pow2(p={p})"
@@ -385,14 +404,18 @@ class Mamba2SSD(Kernel):
             return f"n={n}: the state dim is one tile, at most 256"
         warps = int(cfg["num_warps"])
         if cfg["IMPL"] == "fused":
-            regs = bn * bp + bm * bp + bm * bk
+            # Chunk launch: the shared C B^T, the output and the state accumulators.
+            bpf = max(16, _next_pow2(p))
+            regs = chunk * chunk + chunk * bpf + bn * bpf
+            if int(cfg["HEADS"]) < 1:
+                return f"HEADS={cfg['HEADS']} must be >= 1"
         else:
             regs = max(bm * bp + bm * bk, bp * bn, bm * bk)
         if regs / (32 * warps) > _MAX_REGS_PER_THREAD:
             return f"tiles need ~{regs // (32 * warps)} fp32 registers per thread"
         # check_config does not see the dtype: estimated at 16-bit operands, the tuned case
         # (an fp32 config that still does not fit fails at compile time as a bad trial).
-        smem = self._smem_bytes(cfg, n, 4 if device.interpreted else 2)
+        smem = self._smem_bytes(cfg, n, p, 4 if device.interpreted else 2)
         if not device.interpreted and smem > device.smem_per_block:
             return f"shared memory ~{smem} B > {device.smem_per_block} B"
         return None

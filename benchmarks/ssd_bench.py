@@ -1,0 +1,193 @@
+"""Mamba-2 SSD forward on one GPU: the five-kernel pipeline against the fused pair.
+
+For each input dtype, a small sweep of fused configs at ``--sweep-L`` picks the fastest
+that meets the family's tolerance; then, at every ``--Ls`` length, the five-kernel path
+(the shipped pack's config and the default five config), the fused default config and the
+sweep's winner are timed in the same process, each checked by its max abs error against an
+fp64 reference (the minimal chunked SSD on upcast inputs). Timing is the harness's own
+(``harness.measure.time_fn``: ``triton.testing.do_bench`` median, L2 flushed).
+
+    python benchmarks/ssd_bench.py --out results/        # table on stdout, ssd_bench.json
+
+Compiles are warmed up in ``--jobs`` worker processes first (they share Triton's cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+from harness.hardware import current_device
+from harness.measure import Timing, time_fn
+from kernels.mamba2_ssd import Mamba2SSD, ssd_minimal
+
+KERNEL = Mamba2SSD()
+NAMES = ("x", "dt", "A", "B", "C", "D")
+BASE = {"b": 1, "h": 80, "p": 64, "g": 1, "n": 128}
+PACK = Path(__file__).resolve().parents[1] / "packs" / "H200" / "mamba2_ssd.json"
+PRECISION = {
+    "fp32": "tf32x3 (fp32-accurate)",
+    "bf16": "bf16 x bf16 -> fp32",
+    "fp16": "fp16 x fp16 -> fp32",
+}
+
+
+def sweep_configs() -> list[dict[str, Any]]:
+    """The fused configs tried at the sweep length (pruned by check_config)."""
+    out = []
+    for chunk, heads, state, bp, warps, stages in itertools.product(
+        (64, 128), (1, 4, 8), ("fp32", "fp16"), (16, 32), (4, 8), (2,)
+    ):
+        cfg = {"IMPL": "fused", "CHUNK_SIZE": chunk, "HEADS": heads, "STATE_DTYPE": state,
+               "BLOCK_P": bp, "num_warps": warps, "num_stages": stages}  # fmt: skip
+        out.append(cfg)
+    return out
+
+
+def five_configs() -> dict[str, dict[str, Any]]:
+    """The five-kernel baselines: the shipped H200 pack's config at 16K and the default."""
+    entries = json.loads(PACK.read_text())["kernels"]["mamba2_ssd"]["fp32"]
+    shape = {**BASE, "L": 16384}
+    tuned = entries[KERNEL.shape_key(shape)]["config"]
+    return {"five (pack)": tuned, "five (default)": {"IMPL": "five"}}
+
+
+def shape_at(L: int) -> dict[str, int]:
+    return {"b": BASE["b"], "L": L, **{k: BASE[k] for k in ("h", "p", "g", "n")}}
+
+
+def reference64(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The minimal SSD in fp64, 16 heads at a time (bounds memory at 64K)."""
+    x = inputs["x"]
+    out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
+    for h0 in range(0, x.shape[2], 16):
+        sl = slice(h0, h0 + 16)
+        out[:, :, sl] = ssd_minimal(
+            x[:, :, sl].double(), inputs["dt"][:, :, sl].double(), inputs["A"][sl].double(),
+            inputs["B"].double(), inputs["C"].double(), inputs["D"][sl].double(),
+        )  # fmt: skip
+    return out
+
+
+def _warm(job: tuple[str, dict[str, Any]]) -> str | None:
+    """Compile one config in a worker (small L: same specialization as the timed ones)."""
+    dtype, cfg = job
+    shape = shape_at(4096)
+    try:
+        inputs = KERNEL.make_inputs(shape, dtype, 0, "cuda")
+        KERNEL.launcher(inputs, shape, cfg)()
+        torch.cuda.synchronize()
+    except Exception as exc:  # a config that does not compile fails alone
+        return f"{dtype} {cfg}: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
+
+
+def measure(inputs, shape, cfg, ref, timing) -> dict[str, Any]:
+    """Median ms and max abs error of one config (poisoned output first)."""
+    try:
+        fn = KERNEL.launcher(inputs, shape, cfg)
+        out = fn()
+        out.fill_(float("nan"))
+        out = fn()
+        torch.cuda.synchronize()
+        err = float((out.double() - ref).abs().max())
+        _, ms, _, _ = time_fn(fn, timing)
+    except Exception as exc:
+        return {"ms": None, "err": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return {"ms": ms, "err": err}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--Ls", default="4096,16384,65536")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--sweep-L", type=int, default=16384)
+    ap.add_argument("--no-sweep", action="store_true", help="time the default config only")
+    ap.add_argument("--jobs", type=int, default=12)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.cuda.get_device_name()
+    timing = Timing()
+    dtypes = args.dtypes.split(",")
+    Ls = [int(v) for v in args.Ls.split(",")]
+    spec_cfgs = [] if args.no_sweep else sweep_configs()
+    spec = current_device()
+    sweep_shape = shape_at(args.sweep_L)
+    spec_cfgs = [c for c in spec_cfgs if KERNEL.check_config(c, sweep_shape, spec) is None]
+    fives = five_configs()
+    jobs = [(dt, c) for dt in dtypes for c in [*spec_cfgs, *fives.values(), {}]]
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(args.jobs) as pool:
+        failed = [m for m in pool.map(_warm, jobs) if m]
+    print(f"# compiled {len(jobs)} configs in {time.time() - t0:.0f} s; {len(failed)} failed")
+    for m in failed:
+        print("#   ", m)
+
+    result: dict[str, Any] = {"device": dev, "torch": torch.__version__,
+                              "triton": triton.__version__, "python": platform.python_version(),
+                              "sweep": {}, "rows": []}  # fmt: skip
+    best: dict[str, dict[str, Any]] = {}
+    for dtype in dtypes:
+        shape = shape_at(args.sweep_L)
+        inputs = KERNEL.make_inputs(shape, dtype, 1, "cuda")
+        ref = reference64(inputs)
+        tol = {"fp32": 1e-4}.get(dtype)
+        rows = []
+        for cfg in spec_cfgs:
+            r = measure(inputs, shape, cfg, ref, timing)
+            rows.append({"config": cfg, **r})
+            print(f"# sweep {dtype} L={args.sweep_L} {cfg}: {r}")
+        ok = [r for r in rows if r["ms"] is not None
+              and (tol is None or r["err"] <= tol)
+              and r["err"] <= KERNEL.tolerance(dtype, r["config"]).atol]  # fmt: skip
+        best[dtype] = min(ok, key=lambda r: r["ms"])["config"] if ok else {}
+        result["sweep"][dtype] = rows
+        del inputs, ref
+        torch.cuda.empty_cache()
+
+    table = []
+    for dtype, L in itertools.product(dtypes, Ls):
+        shape = shape_at(L)
+        inputs = KERNEL.make_inputs(shape, dtype, 2, "cuda")
+        ref = reference64(inputs)
+        cands = {**fives, "fused (default)": {}}
+        if best.get(dtype):
+            cands["fused (best of sweep)"] = best[dtype]
+        res = {name: measure(inputs, shape, cfg, ref, timing) for name, cfg in cands.items()}
+        base = min((r["ms"] for n, r in res.items() if n.startswith("five") and r["ms"]),
+                   default=None)  # fmt: skip
+        for name, r in res.items():
+            row = {"dtype": dtype, "L": L, "impl": name, "config": cands[name], **r,
+                   "precision": PRECISION[dtype],
+                   "speedup_vs_five": base / r["ms"] if base and r["ms"] else None}  # fmt: skip
+            result["rows"].append(row)
+            table.append(row)
+        del inputs, ref
+        torch.cuda.empty_cache()
+
+    (args.out / "ssd_bench.json").write_text(json.dumps(result, indent=1))
+    print(f"\n{dev}, torch {torch.__version__}, triton {triton.__version__}")
+    head = ("dtype", "L", "impl", "ms", "x five", "max abs err", "precision")
+    print("{:5} {:>6} {:22} {:>8} {:>7} {:>11}  {}".format(*head))
+    for r in table:
+        ms = f"{r['ms']:.3f}" if r["ms"] else "fail"
+        sp = f"{r['speedup_vs_five']:.2f}" if r["speedup_vs_five"] else "-"
+        err = f"{r['err']:.2e}" if r["err"] is not None else "-"
+        cells = (r["dtype"], r["L"], r["impl"], ms, sp, err, r["precision"])
+        print("{:5} {:>6} {:22} {:>8} {:>7} {:>11}  {}".format(*cells))
+    for dtype, cfg in best.items():
+        print(f"best fused {dtype} at L={args.sweep_L}: {cfg}")
+
+
+if __name__ == "__main__":
+    main()
