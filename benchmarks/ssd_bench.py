@@ -113,6 +113,43 @@ def measure(inputs, shape, cfg, ref, timing) -> dict[str, Any]:
     return {"ms": ms, "err": err}
 
 
+def split(dtype: str, L: int, cfgs: list[dict[str, Any]], device: str, timing: Timing) -> None:
+    """Time each launch of each config alone (after one full run fills the intermediates),
+    and a device-to-device copy of x's size for the bandwidth ceiling."""
+    shape = shape_at(L)
+    inputs = KERNEL.make_inputs(shape, dtype, 3, device)
+    x = inputs["x"]
+    dst = torch.empty_like(x)
+    _, copy_ms, _, _ = time_fn(lambda: dst.copy_(x), timing)
+    gbs = 2 * x.numel() * x.element_size() / copy_ms / 1e6
+    print(f"split {dtype} L={L}: copy of x {copy_ms:.3f} ms ({gbs:.0f} GB/s)")
+    for cfg in cfgs:
+        try:
+            fn = KERNEL.launcher(inputs, shape, cfg)
+            fn()
+            _, total, _, _ = time_fn(fn, timing)
+            parts = {name: time_fn(st, timing)[1] for name, st in fn.stages.items()}
+        except Exception as exc:
+            print(f"split {dtype} L={L} {cfg}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        txt = " ".join(f"{k}={v:.3f}" for k, v in parts.items())
+        print(f"split {dtype} L={L} total={total:.3f} {txt} {cfg}")
+
+
+def split_configs(dtype: str) -> list[dict[str, Any]]:
+    """Configs whose launches --split times one by one."""
+    base = {"IMPL": "fused", "HEADS": 1, "num_stages": 2}
+    if dtype == "fp32":
+        base |= {"CHUNK_SIZE": 64, "STATE_DTYPE": "fp32", "num_warps": 4}
+    else:
+        base |= {"CHUNK_SIZE": 128, "STATE_DTYPE": "fp16", "num_warps": 8}
+    out = [five_configs()["five (pack)"]]
+    for bp, cw, cs in itertools.product((16, 32, 64), (4, 8), (2, 3)):
+        out.append({**base, "BLOCK_P": bp, "CARRY_WARPS": cw, "CARRY_STAGES": cs})
+    out += [{**base, "BLOCK_P": 32, "HEADS": hh, "num_warps": w} for hh in (1, 4) for w in (4, 8)]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -123,6 +160,7 @@ def main() -> None:
     ap.add_argument("--sweep-limit", type=int, default=0, help="first N sweep configs only")
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--split", action="store_true", help="time each launch alone, then stop")
     ap.add_argument("--shape", default="", help="override h,p,n (a smoke run), e.g. 2,16,16")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -132,6 +170,13 @@ def main() -> None:
     timing = Timing()
     dtypes = args.dtypes.split(",")
     Ls = [int(v) for v in args.Ls.split(",")]
+    if args.split:
+        jobs = [(dt, c, args.device, BASE) for dt in dtypes for c in split_configs(dt)]
+        with mp.get_context("spawn").Pool(args.jobs) as pool:
+            pool.map(_warm, jobs)
+        for dtype in dtypes:
+            split(dtype, args.sweep_L, split_configs(dtype), args.device, timing)
+        return
     spec_cfgs = [] if args.no_sweep else sweep_configs()
     spec = current_device()
     if args.sweep_limit:

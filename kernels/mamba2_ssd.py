@@ -266,7 +266,7 @@ class Mamba2SSD(Kernel):
             # The states each chunk leaves at its end, (n, p) per head; the last is unused.
             states = torch.empty(b, nchunks, h, n, p, dtype=state_t, device=x.device)
 
-            def run_fused() -> torch.Tensor:
+            def chunk_stage() -> None:
                 K.ssd_chunk_kernel[(nchunks, triton.cdiv(hpg, heads), b * g)](
                     x, dt, A, B, C, D, y, states,
                     L, h, hpg, g, p, n, nchunks,
@@ -274,16 +274,24 @@ class Mamba2SSD(Kernel):
                     CHUNK=chunk, HEADS=heads, BLOCK_P=bpf, BLOCK_N=bn,
                     STATE=_TL_DTYPES[state_t], num_warps=warps, num_stages=stages, **common,
                 )  # fmt: skip
+
+            def carry_stage() -> None:
                 if nchunks > 1:
                     K.ssd_carry_kernel[(triton.cdiv(p, bp), h, b)](
                         dt, A, C, y, states,
                         L, h, hpg, p, n, nchunks,
                         *dt.stride(), *C.stride(), *y.stride(),
                         CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn,
-                        num_warps=4, num_stages=2, **common,
+                        num_warps=int(cfg.get("CARRY_WARPS", 4)),
+                        num_stages=int(cfg.get("CARRY_STAGES", 2)), **common,
                     )  # fmt: skip
+
+            def run_fused() -> torch.Tensor:
+                chunk_stage()
+                carry_stage()
                 return y
 
+            run_fused.stages = {"chunk": chunk_stage, "carry": carry_stage}  # type: ignore[attr-defined]
             return run_fused
 
         if cfg["IMPL"] != "five":
@@ -296,34 +304,50 @@ class Mamba2SSD(Kernel):
         block_h = min(16, _next_pow2(h))
         sp_block = min(256, _next_pow2(p * n))
 
-        def run_five() -> torch.Tensor:
+        def cumsum_stage() -> None:
             K.chunk_cumsum_kernel[(b, nchunks, triton.cdiv(h, block_h))](
                 dt, A, dacs, L, h, nchunks, *dt.stride(),
                 CHUNK=chunk, BLOCK_H=block_h, num_warps=4,
             )  # fmt: skip
+
+        def bmm_stage() -> None:
             K.bmm_chunk_kernel[((chunk // bm) * (chunk // bk), b * nchunks, g)](
                 C, B, cb, L, g, n, nchunks, *C.stride(), *B.stride(),
                 CHUNK=chunk, BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn,
                 num_warps=warps, num_stages=stages, **common,
             )  # fmt: skip
+
+        def state_stage() -> None:
             K.chunk_state_kernel[(triton.cdiv(p, bp), b * nchunks, h)](
                 x, B, dt, dacs, states, L, h, hpg, p, n, nchunks,
                 *x.stride(), *B.stride(), *dt.stride(),
                 CHUNK=chunk, BLOCK_K=bk, BLOCK_P=bp, BLOCK_N=bn,
                 STATE=_TL_DTYPES[state_t], num_warps=warps, num_stages=stages, **common,
             )  # fmt: skip
+
+        def passing_stage() -> None:
             K.state_passing_kernel[(triton.cdiv(p * n, sp_block), b, h)](
                 states, dacs, h, p * n, nchunks,
                 CHUNK=chunk, BLOCK=sp_block, STATE=_TL_DTYPES[state_t], num_warps=4,
             )  # fmt: skip
+
+        def scan_stage() -> None:
             K.chunk_scan_kernel[(triton.cdiv(chunk, bm) * triton.cdiv(p, bp), b * nchunks, h)](
                 cb, x, dt, dacs, C, states, D, y, L, h, hpg, g, p, n, nchunks,
                 *x.stride(), *dt.stride(), *C.stride(), *y.stride(),
                 CHUNK=chunk, BLOCK_M=bm, BLOCK_K=bk, BLOCK_P=bp, BLOCK_N=bn,
                 num_warps=warps, num_stages=stages, **common,
             )  # fmt: skip
+
+        five = {"cumsum": cumsum_stage, "bmm": bmm_stage, "state": state_stage,
+                "passing": passing_stage, "scan": scan_stage}  # fmt: skip
+
+        def run_five() -> torch.Tensor:
+            for stage in five.values():
+                stage()
             return y
 
+        run_five.stages = five  # type: ignore[attr-defined]
         return run_five
 
     # -- cost model -------------------------------------------------------------------
