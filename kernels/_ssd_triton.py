@@ -421,27 +421,60 @@ def ssd_carry_kernel(
     # Total decay of chunk 0 (the chunk before the first one that reads a state).
     dt0 = tl.load(dt_base + offs_l * s_dt_l, mask=offs_l < L, other=0.0).to(tl.float32)
     total = tl.sum(dt0 * a, axis=0)
+    # Loads run one chunk ahead by hand: the y stores of a chunk would otherwise keep the
+    # next chunk's loads (of other addresses, which the compiler cannot prove) behind them,
+    # and every chunk would pay the full memory latency in sequence.
+    st_n, dt_n, c_n, y_n = _carry_loads(
+        st_base, dt_base, c_base, y_base, pid_b * 0 + 1, L, H, N, P, nchunks,
+        offs_l, offs_n, offs_p, mask_n, mask_p,
+        s_dt_l, s_c_l, s_c_n, s_y_l, s_y_p, CHUNK,
+    )  # fmt: skip
     for c in range(1, nchunks):
-        st = tl.load(
-            st_base + (pid_b * 0 + c - 1) * H * N * P + offs_n[:, None] * P + offs_p[None, :],
-            mask=mask_n[:, None] & mask_p[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        state = state * tl.exp(total) + st
-        row0 = (pid_b * 0 + c) * CHUNK  # int64 (a loop index has no .to in the interpreter)
-        mask_l = offs_l < L - c * CHUNK
-        dt = tl.load(dt_base + (row0 + offs_l) * s_dt_l, mask=mask_l, other=0.0).to(tl.float32)
+        st, dt, c_blk, y_in = st_n, dt_n, c_n, y_n
+        st_n, dt_n, c_n, y_n = _carry_loads(
+            st_base, dt_base, c_base, y_base, pid_b * 0 + c + 1, L, H, N, P, nchunks,
+            offs_l, offs_n, offs_p, mask_n, mask_p,
+            s_dt_l, s_c_l, s_c_n, s_y_l, s_y_p, CHUNK,
+        )  # fmt: skip
+        state = state * tl.exp(total) + st.to(tl.float32)
         dA = dt * a
         dacs = tl.cumsum(dA, axis=0)
         total = tl.sum(dA, axis=0)
-        c_blk = tl.load(
-            c_base + row0 * s_c_l + offs_l[:, None] * s_c_l + offs_n[None, :] * s_c_n,
-            mask=mask_l[:, None] & mask_n[None, :],
-            other=0.0,
-        )
-        y_ptrs = y_base + row0 * s_y_l + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p
-        mask_y = mask_l[:, None] & mask_p[None, :]
-        y_in = tl.load(y_ptrs, mask=mask_y, other=0.0).to(tl.float32)
         acc = tl.dot(_op(c_blk, DOT, UPCAST), _op(state, DOT, UPCAST), input_precision=PREC)
-        tl.store(y_ptrs, (acc * tl.exp(dacs)[:, None] + y_in).to(y_ptr.dtype.element_ty),
-                 mask=mask_y)  # fmt: skip
+        row0 = (pid_b * 0 + c) * CHUNK  # int64 (a loop index has no .to in the interpreter)
+        mask_l = offs_l < L - c * CHUNK
+        tl.store(
+            y_base + row0 * s_y_l + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p,
+            (acc * tl.exp(dacs)[:, None] + y_in).to(y_ptr.dtype.element_ty),
+            mask=mask_l[:, None] & mask_p[None, :],
+        )
+
+
+@triton.jit
+def _carry_loads(
+    st_base, dt_base, c_base, y_base, c, L, H, N, P, nchunks,
+    offs_l, offs_n, offs_p, mask_n, mask_p,
+    s_dt_l, s_c_l, s_c_n, s_y_l, s_y_p, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """What the carry reads for chunk ``c`` (int64): the previous chunk's own end state,
+    dt, C and the intra-chunk y. Past the last chunk the rows are masked off and the state
+    read is the (allocated, unused) last one."""
+    row0 = c * CHUNK
+    mask_l = offs_l < L - row0
+    st = tl.load(
+        st_base + (c - 1) * H * N * P + offs_n[:, None] * P + offs_p[None, :],
+        mask=mask_n[:, None] & mask_p[None, :],
+        other=0.0,
+    )
+    dt = tl.load(dt_base + (row0 + offs_l) * s_dt_l, mask=mask_l, other=0.0).to(tl.float32)
+    c_blk = tl.load(
+        c_base + row0 * s_c_l + offs_l[:, None] * s_c_l + offs_n[None, :] * s_c_n,
+        mask=mask_l[:, None] & mask_n[None, :],
+        other=0.0,
+    )
+    y_in = tl.load(
+        y_base + row0 * s_y_l + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p,
+        mask=mask_l[:, None] & mask_p[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    return st, dt, c_blk, y_in
