@@ -45,11 +45,11 @@ PRECISION = {
 def sweep_configs() -> list[dict[str, Any]]:
     """The fused configs tried at the sweep length (pruned by check_config)."""
     out = []
-    for chunk, heads, state, bp, warps, cstages in itertools.product(
-        (64, 128), (1, 4), ("fp32", "fp16"), (16, 32, 64), (4, 8), (1, 2)
+    for chunk, state, bp, warps, pre in itertools.product(
+        (64, 128), ("fp32", "fp16"), (16, 32, 64), (4, 8), (0, 1)
     ):
-        cfg = {"IMPL": "fused", "CHUNK_SIZE": chunk, "HEADS": heads, "STATE_DTYPE": state,
-               "BLOCK_P": bp, "num_warps": warps, "CARRY_STAGES": cstages}  # fmt: skip
+        cfg = {"IMPL": "fused", "CHUNK_SIZE": chunk, "STATE_DTYPE": state, "BLOCK_P": bp,
+               "num_warps": warps, "PREFETCH_C": pre}  # fmt: skip
         out.append(cfg)
     return out
 
@@ -140,20 +140,6 @@ def split(dtype: str, L: int, cfgs: list[dict[str, Any]], device: str, timing: T
         print(f"split {dtype} L={L} total={total:.3f} {txt} {cfg}")
 
 
-def split_configs(dtype: str) -> list[dict[str, Any]]:
-    """Configs whose launches --split times one by one."""
-    base = {"IMPL": "fused", "HEADS": 1, "num_stages": 2}
-    if dtype == "fp32":
-        base |= {"CHUNK_SIZE": 64, "STATE_DTYPE": "fp32", "num_warps": 4}
-    else:
-        base |= {"CHUNK_SIZE": 128, "STATE_DTYPE": "fp16", "num_warps": 8}
-    out = [five_configs()["five (pack)"]]
-    for bp, cw, cs in itertools.product((16, 32, 64), (4, 8), (2, 3)):
-        out.append({**base, "BLOCK_P": bp, "CARRY_WARPS": cw, "CARRY_STAGES": cs})
-    out += [{**base, "BLOCK_P": 32, "HEADS": hh, "num_warps": w} for hh in (1, 4) for w in (4, 8)]
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -164,7 +150,6 @@ def main() -> None:
     ap.add_argument("--sweep-limit", type=int, default=0, help="first N sweep configs only")
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--split", action="store_true", help="time each launch alone, then stop")
     ap.add_argument("--shape", default="", help="override h,p,n (a smoke run), e.g. 2,16,16")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -174,13 +159,6 @@ def main() -> None:
     timing = Timing()
     dtypes = args.dtypes.split(",")
     Ls = [int(v) for v in args.Ls.split(",")]
-    if args.split:
-        jobs = [(dt, c, args.device, BASE) for dt in dtypes for c in split_configs(dt)]
-        with mp.get_context("spawn").Pool(args.jobs) as pool:
-            pool.map(_warm, jobs)
-        for dtype in dtypes:
-            split(dtype, args.sweep_L, split_configs(dtype), args.device, timing)
-        return
     spec_cfgs = [] if args.no_sweep else sweep_configs()
     spec = current_device()
     if args.sweep_limit:

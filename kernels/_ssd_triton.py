@@ -8,9 +8,8 @@ Two implementations:
 
 * the five-stage pipeline (``chunk_cumsum`` -> ``bmm_chunk`` -> ``chunk_state`` ->
   ``state_passing`` -> ``chunk_scan``), one launch each, with intermediates in global memory;
-* the fused pair: ``ssd_chunk`` (one program per chunk and block of heads: the whole
-  intra-chunk output plus ``D x``, and the state the chunk alone leaves at its end; ``C B^T``
-  is computed once per chunk and shared by the heads of the block), then ``ssd_carry`` (one
+* the fused pair: ``ssd_chunk`` (one program per chunk and head: the whole intra-chunk
+  output plus ``D x``, and the state the chunk alone leaves at its end), then ``ssd_carry`` (one
   program per head and p-block walks the chunks in order, carries the state in registers,
   and adds ``exp(dAcs) C . state_in`` to ``y``). All the matrix work is in the chunk-parallel
   launch except one ``C . state`` product per chunk; the sequential one is memory-bound.
@@ -303,24 +302,24 @@ def chunk_scan_kernel(
 @triton.jit
 def ssd_chunk_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr, st_ptr,
-    L, H, HPG, G, P, N, nchunks,
+    L, H, HPG, P, N, nchunks,
     s_x_b, s_x_l, s_x_h, s_x_p,
     s_dt_b, s_dt_l, s_dt_h,
     s_b_b, s_b_l, s_b_g, s_b_n,
     s_c_b, s_c_l, s_c_g, s_c_n,
     s_y_b, s_y_l, s_y_h, s_y_p,
-    CHUNK: tl.constexpr, HEADS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, STATE: tl.constexpr,
 ):  # fmt: skip
-    """One chunk, ``HEADS`` heads of one group: ``y = (C B^T o decay o dt) x + D x`` (the
-    intra-chunk output; the carry adds the inter-chunk part) and the chunk's own end state
+    """One chunk of one head: ``y = (C B^T o decay o dt) x + D x`` (the intra-chunk
+    output; the carry adds the inter-chunk part) and the chunk's own end state
     ``st[b, c, h] = B^T (x * exp(total - dAcs) * dt)`` as (n, p), rounded to ``STATE``.
-    ``C B^T`` is computed once and reused by every head of the block."""
+    (Sharing one ``C B^T`` among several heads of a group per program measured slower at
+    n=128 on an H200: fewer programs, and the tile held across heads costs registers.)"""
     pid_c = tl.program_id(0)
-    pid_hb = tl.program_id(1)
-    pid_bg = tl.program_id(2)
-    pid_b = (pid_bg // G).to(tl.int64)
-    pid_g = (pid_bg % G).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    pid_b = tl.program_id(2).to(tl.int64)
+    pid_g = head // HPG
     offs_l = tl.arange(0, CHUNK)
     offs_n = tl.arange(0, BLOCK_N)
     offs_p = tl.arange(0, BLOCK_P)
@@ -347,46 +346,42 @@ def ssd_chunk_kernel(
     )  # fmt: skip
     cb = tl.dot(_op(c_blk, DOT, UPCAST), bt_op, input_precision=PREC)
     causal = offs_l[:, None] >= offs_l[None, :]
-    for hh in range(HEADS):
-        hig = pid_hb * HEADS + hh  # head within the group
-        if hig < HPG:
-            head = pid_g * HPG + hig
-            a = tl.load(A_ptr + head).to(tl.float32)
-            d = tl.load(D_ptr + head).to(tl.float32)
-            dt = tl.load(
-                dt_ptr + pid_b * s_dt_b + head * s_dt_h + (row0 + offs_l) * s_dt_l,
-                mask=mask_l,
-                other=0.0,
-            ).to(tl.float32)
-            dA = dt * a
-            dacs = tl.cumsum(dA, axis=0)
-            total = tl.sum(dA, axis=0)
-            x_blk = tl.load(
-                x_ptr + pid_b * s_x_b + head * s_x_h + row0 * s_x_l
-                + offs_l[:, None] * s_x_l + offs_p[None, :] * s_x_p,
-                mask=mask_l[:, None] & mask_p[None, :],
-                other=0.0,
-            )  # fmt: skip
-            x32 = x_blk.to(tl.float32)
-            decay = tl.exp(tl.minimum(dacs[:, None] - dacs[None, :], 0.0))
-            w_cb = tl.where(causal, cb * decay * dt[None, :], 0.0)
-            acc = tl.dot(_op(w_cb, DOT, UPCAST), _op(x_blk, DOT, UPCAST), d * x32,
-                         input_precision=PREC)  # fmt: skip
-            tl.store(
-                y_ptr + pid_b * s_y_b + head * s_y_h + row0 * s_y_l
-                + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p,
-                acc.to(y_ptr.dtype.element_ty),
-                mask=mask_l[:, None] & mask_p[None, :],
-            )  # fmt: skip
-            if pid_c + 1 < nchunks:  # the last chunk's end state is never read
-                w = tl.exp(tl.minimum(total - dacs, 0.0)) * dt
-                st = tl.dot(bt_op, _op(x32 * w[:, None], DOT, UPCAST), input_precision=PREC)
-                st_base = st_ptr + ((pid_b * nchunks + pid_c) * H + head) * N * P
-                tl.store(
-                    st_base + offs_n[:, None] * P + offs_p[None, :],
-                    st.to(STATE),
-                    mask=mask_n[:, None] & mask_p[None, :],
-                )
+    a = tl.load(A_ptr + head).to(tl.float32)
+    d = tl.load(D_ptr + head).to(tl.float32)
+    dt = tl.load(
+        dt_ptr + pid_b * s_dt_b + head * s_dt_h + (row0 + offs_l) * s_dt_l,
+        mask=mask_l,
+        other=0.0,
+    ).to(tl.float32)
+    dA = dt * a
+    dacs = tl.cumsum(dA, axis=0)
+    total = tl.sum(dA, axis=0)
+    x_blk = tl.load(
+        x_ptr + pid_b * s_x_b + head * s_x_h + row0 * s_x_l
+        + offs_l[:, None] * s_x_l + offs_p[None, :] * s_x_p,
+        mask=mask_l[:, None] & mask_p[None, :],
+        other=0.0,
+    )  # fmt: skip
+    x32 = x_blk.to(tl.float32)
+    decay = tl.exp(tl.minimum(dacs[:, None] - dacs[None, :], 0.0))
+    w_cb = tl.where(causal, cb * decay * dt[None, :], 0.0)
+    acc = tl.dot(_op(w_cb, DOT, UPCAST), _op(x_blk, DOT, UPCAST), d * x32,
+                 input_precision=PREC)  # fmt: skip
+    tl.store(
+        y_ptr + pid_b * s_y_b + head * s_y_h + row0 * s_y_l
+        + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p,
+        acc.to(y_ptr.dtype.element_ty),
+        mask=mask_l[:, None] & mask_p[None, :],
+    )  # fmt: skip
+    if pid_c + 1 < nchunks:  # the last chunk's end state is never read
+        w = tl.exp(tl.minimum(total - dacs, 0.0)) * dt
+        st = tl.dot(bt_op, _op(x32 * w[:, None], DOT, UPCAST), input_precision=PREC)
+        st_base = st_ptr + ((pid_b * nchunks + pid_c) * H + head) * N * P
+        tl.store(
+            st_base + offs_n[:, None] * P + offs_p[None, :],
+            st.to(STATE),
+            mask=mask_n[:, None] & mask_p[None, :],
+        )
 
 
 @triton.jit
@@ -397,12 +392,17 @@ def ssd_carry_kernel(
     s_c_b, s_c_l, s_c_g, s_c_n,
     s_y_b, s_y_l, s_y_h, s_y_p,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, PREFETCH_C: tl.constexpr,
 ):  # fmt: skip
     """One (p-block, head, batch): walk the chunks in order with the state (n, p-block) in
-    fp32 registers; for chunk ``c >= 1`` add ``exp(dAcs) C . state_in`` to ``y`` and then
-    ``state = exp(total_c) state + st[c]``. The loads do not depend on the carried state, so
-    the software pipeline streams them ahead of the one dependent product."""
+    fp32 registers; for chunk ``c >= 1`` add ``exp(dAcs) C . state_in`` to ``y`` after
+    ``state = exp(total_{c-1}) state + st[c-1]``.
+
+    The loads of chunk ``c + 1`` are issued by hand before chunk ``c``'s product and store:
+    the y stores would otherwise keep the next chunk's loads (of addresses the compiler cannot
+    prove distinct) behind them, and every chunk would pay the memory latency in sequence.
+    ``PREFETCH_C`` prefetches the C tile the same way (fewer stalls, more registers: it wins
+    for 16-bit inputs); otherwise C is loaded in the loop, where the pipeliner stages it."""
     pid_p = tl.program_id(0)
     pid_h = tl.program_id(1).to(tl.int64)
     pid_b = tl.program_id(2).to(tl.int64)
@@ -421,20 +421,23 @@ def ssd_carry_kernel(
     # Total decay of chunk 0 (the chunk before the first one that reads a state).
     dt0 = tl.load(dt_base + offs_l * s_dt_l, mask=offs_l < L, other=0.0).to(tl.float32)
     total = tl.sum(dt0 * a, axis=0)
-    # Loads run one chunk ahead by hand: the y stores of a chunk would otherwise keep the
-    # next chunk's loads (of other addresses, which the compiler cannot prove) behind them,
-    # and every chunk would pay the full memory latency in sequence.
-    st_n, dt_n, c_n, y_n = _carry_loads(
-        st_base, dt_base, c_base, y_base, pid_b * 0 + 1, L, H, N, P, nchunks,
-        offs_l, offs_n, offs_p, mask_n, mask_p,
-        s_dt_l, s_c_l, s_c_n, s_y_l, s_y_p, CHUNK,
+    st_n, dt_n, y_n = _carry_loads(
+        st_base, dt_base, y_base, pid_b * 0 + 1, L, H, N, P,
+        offs_l, offs_n, offs_p, mask_n, mask_p, s_dt_l, s_y_l, s_y_p, CHUNK,
     )  # fmt: skip
+    if PREFETCH_C:
+        c_n = _c_load(c_base, pid_b * 0 + 1, L, offs_l, offs_n, mask_n, s_c_l, s_c_n, CHUNK)
     for c in range(1, nchunks):
-        st, dt, c_blk, y_in = st_n, dt_n, c_n, y_n
-        st_n, dt_n, c_n, y_n = _carry_loads(
-            st_base, dt_base, c_base, y_base, pid_b * 0 + c + 1, L, H, N, P, nchunks,
-            offs_l, offs_n, offs_p, mask_n, mask_p,
-            s_dt_l, s_c_l, s_c_n, s_y_l, s_y_p, CHUNK,
+        st, dt, y_in = st_n, dt_n, y_n
+        if PREFETCH_C:
+            c_blk = c_n
+            c_n = _c_load(c_base, pid_b * 0 + c + 1, L, offs_l, offs_n, mask_n, s_c_l, s_c_n,
+                          CHUNK)  # fmt: skip
+        else:
+            c_blk = _c_load(c_base, pid_b * 0 + c, L, offs_l, offs_n, mask_n, s_c_l, s_c_n, CHUNK)
+        st_n, dt_n, y_n = _carry_loads(
+            st_base, dt_base, y_base, pid_b * 0 + c + 1, L, H, N, P,
+            offs_l, offs_n, offs_p, mask_n, mask_p, s_dt_l, s_y_l, s_y_p, CHUNK,
         )  # fmt: skip
         state = state * tl.exp(total) + st.to(tl.float32)
         dA = dt * a
@@ -451,14 +454,25 @@ def ssd_carry_kernel(
 
 
 @triton.jit
+def _c_load(c_base, c, L, offs_l, offs_n, mask_n, s_c_l, s_c_n, CHUNK: tl.constexpr):
+    """C rows of chunk ``c`` (int64); rows past ``L`` (or past the last chunk) masked off."""
+    row0 = c * CHUNK
+    mask_l = offs_l < L - row0
+    return tl.load(
+        c_base + row0 * s_c_l + offs_l[:, None] * s_c_l + offs_n[None, :] * s_c_n,
+        mask=mask_l[:, None] & mask_n[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
 def _carry_loads(
-    st_base, dt_base, c_base, y_base, c, L, H, N, P, nchunks,
-    offs_l, offs_n, offs_p, mask_n, mask_p,
-    s_dt_l, s_c_l, s_c_n, s_y_l, s_y_p, CHUNK: tl.constexpr,
+    st_base, dt_base, y_base, c, L, H, N, P,
+    offs_l, offs_n, offs_p, mask_n, mask_p, s_dt_l, s_y_l, s_y_p, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """What the carry reads for chunk ``c`` (int64): the previous chunk's own end state,
-    dt, C and the intra-chunk y. Past the last chunk the rows are masked off and the state
-    read is the (allocated, unused) last one."""
+    """What the carry reads for chunk ``c`` (int64) besides C: the previous chunk's own end
+    state, dt and the intra-chunk y. Past the last chunk the rows are masked off and the
+    state read is the (allocated, unused) last one."""
     row0 = c * CHUNK
     mask_l = offs_l < L - row0
     st = tl.load(
@@ -467,14 +481,9 @@ def _carry_loads(
         other=0.0,
     )
     dt = tl.load(dt_base + (row0 + offs_l) * s_dt_l, mask=mask_l, other=0.0).to(tl.float32)
-    c_blk = tl.load(
-        c_base + row0 * s_c_l + offs_l[:, None] * s_c_l + offs_n[None, :] * s_c_n,
-        mask=mask_l[:, None] & mask_n[None, :],
-        other=0.0,
-    )
     y_in = tl.load(
         y_base + row0 * s_y_l + offs_l[:, None] * s_y_l + offs_p[None, :] * s_y_p,
         mask=mask_l[:, None] & mask_p[None, :],
         other=0.0,
     ).to(tl.float32)
-    return st, dt, c_blk, y_in
+    return st, dt, y_in

@@ -14,10 +14,11 @@ Tunables: ``IMPL`` (``five``: the five-kernel pipeline; ``fused``: two launches,
 chunk-parallel one that computes each chunk's intra-chunk output and end state, and a
 sequential one per head that carries the state across chunks and adds ``C . state``),
 ``CHUNK_SIZE``, ``STATE_DTYPE`` (dtype of the per-chunk states stored between launches; the
-carried state is fp32), ``HEADS`` (fused: heads per chunk program sharing one ``C B^T``),
-``BLOCK_M`` / ``BLOCK_K`` (five: row / reduction tiles within a chunk), ``BLOCK_P``
-(head-dim tile; fused: of the sequential carry), ``num_warps``, ``num_stages`` (fused: of the
-chunk launch; the carry runs 4 warps, 2 stages). ``n`` is never tiled (one tile of
+carried state is fp32), ``PREFETCH_C`` (fused: the carry prefetches C tiles into registers
+one chunk ahead, instead of leaving them to the pipeliner), ``BLOCK_M`` / ``BLOCK_K`` (five:
+row / reduction tiles within a chunk), ``BLOCK_P`` (head-dim tile; fused: of the sequential
+carry), ``num_warps``, ``num_stages`` (fused: of the chunk launch; the carry runs 4 warps,
+2 stages). ``n`` is never tiled (one tile of
 next_pow2(n) <= 256). Any ``L`` works: the ragged last chunk is masked.
 
 Inner products: bf16/fp16 inputs multiply in the input dtype with fp32 accumulation; fp32
@@ -171,7 +172,7 @@ class Mamba2SSD(Kernel):
         "IMPL": "fused",
         "CHUNK_SIZE": 64,
         "STATE_DTYPE": "fp32",
-        "HEADS": 4,
+        "PREFETCH_C": 0,
         "BLOCK_M": 64,
         "BLOCK_K": 64,
         "BLOCK_P": 16,
@@ -261,17 +262,16 @@ class Mamba2SSD(Kernel):
         nchunks = triton.cdiv(L, chunk)
 
         if cfg["IMPL"] == "fused":
-            heads = int(cfg["HEADS"])
             bpf = max(16, _next_pow2(p))
             # The states each chunk leaves at its end, (n, p) per head; the last is unused.
             states = torch.empty(b, nchunks, h, n, p, dtype=state_t, device=x.device)
 
             def chunk_stage() -> None:
-                K.ssd_chunk_kernel[(nchunks, triton.cdiv(hpg, heads), b * g)](
+                K.ssd_chunk_kernel[(nchunks, h, b)](
                     x, dt, A, B, C, D, y, states,
-                    L, h, hpg, g, p, n, nchunks,
+                    L, h, hpg, p, n, nchunks,
                     *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(),
-                    CHUNK=chunk, HEADS=heads, BLOCK_P=bpf, BLOCK_N=bn,
+                    CHUNK=chunk, BLOCK_P=bpf, BLOCK_N=bn,
                     STATE=_TL_DTYPES[state_t], num_warps=warps, num_stages=stages, **common,
                 )  # fmt: skip
 
@@ -281,9 +281,8 @@ class Mamba2SSD(Kernel):
                         dt, A, C, y, states,
                         L, h, hpg, p, n, nchunks,
                         *dt.stride(), *C.stride(), *y.stride(),
-                        CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn,
-                        num_warps=int(cfg.get("CARRY_WARPS", 4)),
-                        num_stages=int(cfg.get("CARRY_STAGES", 2)), **common,
+                        CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, PREFETCH_C=bool(cfg["PREFETCH_C"]),
+                        num_warps=4, num_stages=2, **common,
                     )  # fmt: skip
 
             def run_fused() -> torch.Tensor:
@@ -431,8 +430,6 @@ class Mamba2SSD(Kernel):
             # Chunk launch: the shared C B^T tile and its masked copy dominate (the output
             # and state accumulators come after it is consumed).
             regs = chunk * chunk
-            if int(cfg["HEADS"]) < 1:
-                return f"HEADS={cfg['HEADS']} must be >= 1"
         else:
             regs = max(bm * bp + bm * bk, bp * bn, bm * bk)
         if regs / (32 * warps) > _MAX_REGS_PER_THREAD:

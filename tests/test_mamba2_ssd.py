@@ -63,16 +63,23 @@ def test_ragged_length_and_odd_dims(impl, device):
     _run(RAGGED, "fp32", cfg, device, seed=1)
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_fused_carry_prefetch(prefetch, device):
+    # Both ways the carry reads C; ragged L, two groups, two p tiles.
+    cfg = {"IMPL": "fused", "CHUNK_SIZE": 64, "BLOCK_P": 16, "PREFETCH_C": prefetch}
+    _run(RAGGED, "fp32", cfg, device, seed=7)
+
+
 @pytest.mark.parametrize("state", ["fp32", "bf16"])
-@pytest.mark.parametrize("impl", ["fused", "five"])
+@pytest.mark.parametrize("impl", ["five"])
 def test_tiled_chunk(impl, state, device):
-    # BLOCK_K > BLOCK_M: reduction tiles reach past the row tile (masked causally); the
-    # fused kernel takes its tiled (not single-tile) path.
+    # BLOCK_K > BLOCK_M: reduction tiles reach past the row tile (masked causally); BLOCK_M
+    # and BLOCK_K tile the five-kernel path only.
     cfg = {"IMPL": impl, "CHUNK_SIZE": 64, "BLOCK_M": 32, "BLOCK_K": 64, "BLOCK_P": 16}
     _run(RAGGED, "fp32", {**cfg, "STATE_DTYPE": state}, device, seed=2)
 
 
-@pytest.mark.parametrize("impl", ["fused", "five"])
+@pytest.mark.parametrize("impl", ["five"])
 def test_tiled_chunk_bf16_inputs(impl, device):
     # BLOCK_M > BLOCK_K, bf16 operands (rounded as on the GPU under the interpreter).
     cfg = {"IMPL": impl, "CHUNK_SIZE": 128, "BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 16}
@@ -80,9 +87,10 @@ def test_tiled_chunk_bf16_inputs(impl, device):
 
 
 @pytest.mark.parametrize(
-    "chunk,bm,bk", [(128, 128, 128), (256, 64, 32)], ids=["c128-single", "c256-tiled"]
+    "impl,chunk,bm,bk",
+    [("fused", 128, 128, 128), ("five", 128, 128, 128), ("five", 256, 64, 32)],
+    ids=["fused-c128", "five-c128-single", "five-c256-tiled"],
 )
-@pytest.mark.parametrize("impl", ["fused", "five"])
 def test_chunk_sizes(impl, chunk, bm, bk, device):
     cfg = {"IMPL": impl, "CHUNK_SIZE": chunk, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_P": 16}
     cfg["num_warps"] = 8  # a 128x128 fp32 C B^T tile is pruned at 4 warps
@@ -132,18 +140,23 @@ def test_check_config_prunes():
     big = KERNEL.shapes["mamba2-2.7b-4k"]
     assert KERNEL.check_config({"CHUNK_SIZE": 256}, {**shape, "L": 100}, CPU)
     assert KERNEL.check_config({"CHUNK_SIZE": 256, "BLOCK_M": 64}, shape, CPU) is None
-    assert KERNEL.check_config({"BLOCK_M": 128}, shape, CPU)  # > CHUNK_SIZE 64
+    assert KERNEL.check_config({"IMPL": "five", "BLOCK_M": 128}, shape, CPU)  # > CHUNK 64
+    assert KERNEL.check_config({"IMPL": "fused", "BLOCK_M": 128}, shape, CPU) is None
     assert KERNEL.check_config({"BLOCK_P": 64}, shape, CPU)  # > p
     assert KERNEL.check_config({"BLOCK_K": 8}, shape, CPU)  # below tl.dot's 16
     assert KERNEL.check_config({"IMPL": "nope"}, shape, CPU)
     assert KERNEL.check_config({"STATE_DTYPE": "fp8"}, shape, CPU)
     assert KERNEL.check_config({}, {**shape, "g": 3}, CPU)  # h % g
     # Too many registers (a 128x128 fp32 C B^T tile on 4 warps), too much shared memory.
-    wide = {"CHUNK_SIZE": 128, "BLOCK_M": 128, "BLOCK_K": 128, "BLOCK_P": 64, "num_warps": 4}
+    wide = {"IMPL": "five", "CHUNK_SIZE": 128, "BLOCK_M": 128, "BLOCK_K": 128, "BLOCK_P": 64,
+            "num_warps": 4}  # fmt: skip
     assert "registers" in KERNEL.check_config(wide, big, H100)
     deep = {**wide, "num_warps": 8, "num_stages": 3}
     assert "shared memory" in KERNEL.check_config(deep, big, H100)
     assert KERNEL.check_config({**deep, "num_stages": 2}, big, H100) is None
+    # Fused: the chunk launch holds a CHUNK_SIZE^2 fp32 tile.
+    assert "registers" in KERNEL.check_config({"CHUNK_SIZE": 256, "num_warps": 8}, big, H100)
+    assert KERNEL.check_config({"CHUNK_SIZE": 128, "num_warps": 4}, big, H100) is None
     # Unknown keys are ignored.
     assert KERNEL.check_config({"FOO": 1}, shape, CPU) is None
 
@@ -176,12 +189,9 @@ def test_inputs_and_cost_model():
 
 GPU_CONFIGS = [
     {},
-    {"IMPL": "fused", "CHUNK_SIZE": 128, "BLOCK_M": 128, "BLOCK_K": 128, "BLOCK_P": 64,
-     "num_warps": 8},
-    {"IMPL": "fused", "CHUNK_SIZE": 256, "BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 32,
-     "STATE_DTYPE": "bf16"},
-    {"IMPL": "fused", "CHUNK_SIZE": 64, "BLOCK_M": 32, "BLOCK_K": 32, "BLOCK_P": 16,
-     "STATE_DTYPE": "fp16", "num_stages": 3},
+    {"IMPL": "fused", "CHUNK_SIZE": 128, "BLOCK_P": 64, "num_warps": 8, "PREFETCH_C": 1},
+    {"IMPL": "fused", "CHUNK_SIZE": 64, "BLOCK_P": 32, "STATE_DTYPE": "bf16", "PREFETCH_C": 1},
+    {"IMPL": "fused", "CHUNK_SIZE": 64, "BLOCK_P": 16, "STATE_DTYPE": "fp16", "num_stages": 3},
     {"IMPL": "five"},
     {"IMPL": "five", "CHUNK_SIZE": 128, "BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64,
      "STATE_DTYPE": "fp16", "num_stages": 3},
