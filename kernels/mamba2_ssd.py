@@ -47,8 +47,9 @@ _BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: Chunk length of the reference/eager minimal SSD and of the flop model.
 REF_CHUNK = 64
 #: Max fp32 tile values per thread (accumulators, state, the C B^T tile) before a config is
-#: pruned: sm_90 compiles of the fused kernel at n=128 already sit near 255 registers at 80
-#: and spill a little at 128; above that they spill heavily.
+#: pruned: above it sm_90 compiles at n=128 spill heavily. The fused chunk launch is counted
+#: by its CHUNK^2 tile alone: at 128 x 128 on 4 warps it still ran fastest among the chunk-128
+#: configs in bf16 (H200, 2026-11-26).
 _MAX_REGS_PER_THREAD = 128
 
 
@@ -163,7 +164,7 @@ def ssd_recurrent(
 
 
 class Mamba2SSD(Kernel):
-    """Mamba-2 chunked SSD forward: five-kernel pipeline or fused single launch."""
+    """Mamba-2 chunked SSD forward: five-kernel pipeline or the fused pair of launches."""
 
     name = "mamba2_ssd"
     dims = ("b", "L", "h", "p", "g", "n")
@@ -374,10 +375,15 @@ class Mamba2SSD(Kernel):
 
     # -- accuracy and validity --------------------------------------------------------
     def tolerance(self, dtype: str, config: Config) -> Tolerance:
+        # fp32 inputs: fp32 accuracy whatever the config; a state stored in fp16/bf16 (about
+        # 3e-3 at the seed shapes) fails there rather than passing as an fp32 result.
+        if dtype == "fp32":
+            return Tolerance(1e-4, 1e-4)
         # bf16: the dot operands (masked C B^T scaled by decay and dt, x * weights, the
         # state) are rounded to bf16; with n = 128 and randn B, C that reaches ~2e-2 at
-        # 4M outputs, so 5e-2 leaves margin for the seed shapes' 20M+ outputs.
-        base = {"fp32": 1e-4, "fp16": 1e-2}.get(dtype, 5e-2)
+        # 4M outputs, so 5e-2 leaves margin for the seed shapes' 20M+ outputs (abs and rel:
+        # the largest errors sit on the largest outputs).
+        base = 1e-2 if dtype == "fp16" else 5e-2
         # Rounding the states between chunks costs about the state dtype's epsilon,
         # relative to the inter-chunk part of y.
         state = str({**self.default_config, **config}.get("STATE_DTYPE", "fp32"))
