@@ -1,4 +1,4 @@
-"""Tracking: the only module that talks to MLflow.
+"""MLflow runs of an experiment: the only module that talks to MLflow.
 
 Run layout (one scheme, so that the UI's comparison views line up):
 - a parent run per experiment invocation (tag ``harness.level=experiment``),
@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from harness.tracking.plots import study_plots, warm_imports
 
 # MLflow is imported where it is used (2-3 s): the run imports this module before it
 # starts Ray, and builds its Tracker on a thread while Ray starts.
@@ -144,8 +146,6 @@ class Tracker:
     def log_study_plots(self, run_id: str, study: Any, title: str) -> list[str]:
         """The study's optimisation history, parameter importances (where they can be
         computed) and roofline plot, as PNG artifacts under ``plots/``."""
-        from harness.tracking.report import study_plots
-
         names = []
         with tempfile.TemporaryDirectory() as tmp:
             for name, png in study_plots(study, title).items():
@@ -269,8 +269,6 @@ class TrialLogger:
         """Import the plotting stack now (1-2 s), ahead of ``plots``: in a process of
         its own, as the search starts, it takes no GIL from the driver (on a thread
         there it did) nor from the process logging the trials (it fell behind)."""
-        from harness.tracking.report import warm_imports
-
         self._do(warm_imports)
 
     def plots(self, run_id: str, storage: str, study_name: str, title: str) -> None:
