@@ -1,4 +1,5 @@
-"""The command line's output modes (--quiet, --json, the summary table) and secrets
+"""The command line's output modes (--quiet, --json, the summary table within 100
+columns), a re-run that must say --resume or --fresh, help without markup, and secrets
 never printed: the redaction of log records and of the tracking URI."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import yaml
@@ -24,6 +26,7 @@ URI = "postgresql://mlflow:hunter2-pw@db.internal:5432/mlflow"
 
 @pytest.fixture
 def fake_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # runs/ and packs/ are relative to the working directory
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump({"name": "cli", "kernel": "grouped_gemm",
                                    "shapes": [{"M": 200, "N": 64, "K": 64, "E": 3}],
@@ -34,7 +37,7 @@ def fake_run(tmp_path, monkeypatch):
 
     def run(path, resume=False, console=None, progress=True, overrides=(), started_at=None,
             stop_own_ray=False):
-        seen["progress"], seen["overrides"] = progress, list(overrides)
+        seen["progress"], seen["overrides"], seen["resume"] = progress, list(overrides), resume
         seen["started_at"] = started_at
         logging.getLogger("harness.run").warning("connecting with key %s to %s", secret, URI)
         # A speedup with no baseline is NaN in the summary (the table prints "-").
@@ -71,7 +74,9 @@ def test_default_output(fake_run, capsys):
     import harness
 
     assert seen["started_at"] == harness.IMPORTED_AT  # the wall counts the imports too
-    assert "Tuning summary" in out and "BLOCK_M=64 GROUP_M=4" in out and "1.234 ms" in out
+    # The config as its change from grouped_gemm's default (BLOCK_M=64 is the default's).
+    assert "Tuning summary" in out and " 1 GROUP_M=4\n" in out and "1.234 ms" in out
+    assert "BLOCK_M=64" not in out
     assert "2.50×" in out and "1.25×" in out and "42%" in out and "4/1/2" in out
     assert "pack: packs/cpu/grouped_gemm.json" in out
     assert "GPU-held time by phase: timing 0.5 s, first_call 0.3 s, idle 0.2 s" in out
@@ -96,6 +101,7 @@ def test_json(fake_run, capsys):
     # stdout is strict JSON only: a value the run lacks is null, never NaN
     data = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
     assert data["rows"][0]["speedup_vs_compile"] == 1.25
+    assert data["rows"][0]["config"] == {"BLOCK_M": 64, "GROUP_M": 4}  # whole, not a diff
     assert data["rows"][1]["speedup_vs_compile"] is None and data["rows"][1]["search_ms"] is None
     assert data["tracking_uri"] == "postgresql://mlflow:***@db.internal:5432/mlflow"
     assert data["mlflow_parent_run_id"] == "p123" and data["interpreted"] is True
@@ -194,3 +200,111 @@ def test_a_bad_override_names_the_field_and_exits_2(fake_run, capsys):
     exp, _, seen = fake_run
     rc, out, err = _main(capsys, "run", str(exp), "--set", "search.trials=many")
     assert rc == 2 and "search.trials" in err and "integer" in err and not seen
+
+
+def _grouped_gemm_row(shape: str, **config) -> dict:
+    from harness import kernel_api
+
+    full = {**kernel_api.get("grouped_gemm").default_config, **config}
+    return {**ROW, "hardware": "H200", "shape": shape, "dtype": "bf16", "config": full,
+            "params": config, "counts": {"measured": 180, "failed": 12, "pruned": 40}}
+
+
+def test_the_summary_fits_100_columns():
+    """Long shapes, a winner far from the default and every figure: each study takes two
+    lines of the table, no line is wider than 100 columns, and a config shows as its
+    change from the kernel's default (the default's own values are not repeated)."""
+    from rich.console import Console
+
+    from harness.cli.summary import WIDTH, print_summary
+
+    rows = [_grouped_gemm_row("M=49152,N=1408,K=2048,E=64", BLOCK_M=128, BLOCK_N=256,
+                              num_warps=8, num_stages=5, PERSISTENT=1, USE_TMA=1, GLUON=3,
+                              TALL_TILE=1, TAIL_SPLIT=1, SWAP_AB=1, DIRECT_STORE=1),
+            _grouped_gemm_row("M=12288,N=4096,K=4096,E=8"),
+            {**ROW, "hardware": "H200", "kernel": "fused_elementwise", "shape": "N=16777216",
+             "config": None, "params": None, "latency_ms": 12345.678}]
+    summary = Summary(rows=rows, packs=["packs/H200/grouped_gemm.json"], interpreted=True,
+                      parent_run_id="0" * 32, tracking_uri="sqlite:///mlflow.db",
+                      events=["worker 3 on node 10.0.0.7 replaced after a CUDA error"],
+                      wall_s=1234.5, held_s=4321.0, timing_s=2000.0, timing_fraction=0.46,
+                      overhead={"timing": 2000.0, "first_call": 300.0, "idle": 20.0},
+                      first_calls={"watched": 8, "compiled_in_worker": 1, "ahead_missed": 0},
+                      replaced=1, retried=2)
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=WIDTH, force_terminal=False), summary, quiet=False)
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= WIDTH, "\n".join(lines)
+    table = lines[lines.index(next(x for x in lines if x.lstrip().startswith("─"))) + 1:]
+    first = [x for x in table if x.lstrip().startswith(("1 ", "2 ", "3 "))]
+    assert len(first) == 6  # the three rows of the table, then their three configs
+    # Two lines per study: kernel and dtype, then the shape, folded nowhere.
+    assert "grouped_gemm bf16" in table[0] and "M=49152,N=1408,K=2048,E=64" in table[1]
+    assert "1.234 ms" in table[0] and "180/12/40" in table[0] and "42%" in table[0]
+    text = " ".join(" ".join(lines).split())
+    assert ("BLOCK_M=128 BLOCK_N=256 num_warps=8 num_stages=5 PERSISTENT=1 USE_TMA=1 "
+            "TAIL_SPLIT=1 GLUON=3 SWAP_AB=1 DIRECT_STORE=1 TALL_TILE=1") in text
+    assert "BLOCK_K=" not in text and "GROUP_M=" not in text  # the default's values
+    assert "2 the default config" in text and "3 none" in text
+    config = next(i for i, x in enumerate(lines) if x.startswith(" 1 BLOCK_M=128"))
+    assert lines[config + 1].startswith("   ") and "=" in lines[config + 1]  # wrapped
+    # The table's own width, unfolded, is within the 100 columns.
+    from harness.cli.summary import summary_table
+
+    assert Console(width=300).measure(summary_table(rows, True)).maximum <= WIDTH
+
+
+def _earlier_run(tmp_path, trials: int) -> None:
+    import optuna
+
+    run_dir = tmp_path / "runs" / "cli"
+    run_dir.mkdir(parents=True)
+    study = optuna.create_study(storage=f"sqlite:///{run_dir / 'optuna.db'}")
+    for x in range(trials):
+        study.add_trial(optuna.trial.create_trial(
+            params={"x": x}, distributions={"x": optuna.distributions.IntDistribution(0, 9)},
+            value=float(x)))
+    (run_dir / "state.json").write_text("{}")
+
+
+def test_a_rerun_must_say_resume_or_fresh(fake_run, tmp_path, capsys):
+    """An experiment whose runs directory holds an earlier run: a plain re-run refuses
+    (exit 2, nothing run) naming --resume and --fresh; --fresh says what it replaces;
+    --resume continues; both at once is an argument error."""
+    exp, _, seen = fake_run
+    _earlier_run(tmp_path, trials=3)
+    rc, out, err = _main(capsys, "run", str(exp))
+    assert rc == 2 and not seen and not out
+    assert "--resume" in err and "--fresh" in err and str(Path("runs") / "cli") in err
+    rc, out, err = _main(capsys, "run", str(exp), "--quiet", "--fresh")
+    assert rc == 0 and seen["resume"] is False
+    assert "--fresh: starting over" in err and "(3 trials)" in err and "previous_packs" in err
+    seen.clear()
+    rc, out, err = _main(capsys, "run", str(exp), "--quiet", "--resume")
+    assert rc == 0 and seen["resume"] is True and "--fresh" not in err
+    seen.clear()
+    rc, out, err = _main(capsys, "run", str(exp), "--resume", "--fresh")
+    assert rc == 2 and not seen and "not allowed with" in err
+
+
+def test_a_first_run_needs_neither_flag(fake_run, tmp_path, capsys):
+    exp, _, seen = fake_run
+    (tmp_path / "runs" / "cli").mkdir(parents=True)  # a directory without a run's state
+    rc, out, err = _main(capsys, "run", str(exp), "--quiet")
+    assert rc == 0 and seen["resume"] is False and "--fresh" not in err
+
+
+def test_help_is_plain_text():
+    """Every command's --help, subcommands included: no reStructuredText markup."""
+    import argparse
+
+    parsers = [cli.build_parser()]
+    for p in parsers:  # grows as subcommands are found
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    assert len(parsers) > 8  # run, bench, report, packs and its subcommands
+    for p in parsers:
+        text = p.format_help() + p.format_usage()
+        assert "``" not in text and ":func:" not in text, p.prog
+    assert "The kharness command" not in parsers[0].format_help()

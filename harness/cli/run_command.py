@@ -1,0 +1,117 @@
+"""``kharness run``: validate the experiment file, refuse to overwrite an earlier run
+unless told how (``--resume`` or ``--fresh``), run it, print the summary."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+
+from rich.console import Console
+
+from harness import jsonsafe
+from harness.cli.summary import WIDTH, print_summary
+from harness.tracking.redact import redact
+
+EXIT_BAD_INPUT = 2
+EXIT_NO_HARDWARE = 3
+
+#: What a run keeps in its runs directory (``runs/<name>/``) that a re-run would replace.
+STATE_FILES = ("optuna.db", "state.json")
+
+
+def earlier_run(runs_dir: str | Path, name: str) -> Path | None:
+    """The experiment's runs directory where an earlier run left its state, else None."""
+    path = Path(runs_dir) / name
+    return path if any((path / f).is_file() for f in STATE_FILES) else None
+
+
+def _trial_count(db: Path) -> int | None:
+    """The trials in an Optuna SQLite storage (read-only; None where it cannot be read)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0])
+    except (sqlite3.Error, TypeError):
+        return None
+
+
+def replaced_by_fresh(run_dir: Path) -> str:
+    """What ``--fresh`` replaces in ``run_dir``, in words."""
+    n = _trial_count(run_dir / "optuna.db")
+    trials = f"{n} trials" if n is not None else "its trials"
+    return (f"--fresh: starting over; the earlier run's studies in {run_dir}/optuna.db "
+            f"({trials}) and its state are replaced. Its MLflow runs stay; the packs it "
+            f"changes are copied to {run_dir}/previous_packs/ first.")
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from harness.experiment import ExperimentError, load
+
+    try:
+        # Every check, the kernel family's included, before Ray starts: a bad file leaves
+        # nothing behind, not even a Ray session.
+        exp = load(args.experiment, args.set or ())
+    except ExperimentError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return EXIT_BAD_INPUT
+    before = earlier_run(exp.output.runs_dir, exp.name)
+    if before is not None and not (args.resume or args.fresh):
+        console.print(f"[bold red]error:[/] experiment {exp.name!r} has an earlier run in "
+                      f"{before}/. Pass --resume to continue it, or --fresh to start over "
+                      "(replacing its studies).", markup=True, highlight=False)
+        return EXIT_BAD_INPUT
+    if before is not None and args.fresh:
+        console.print(replaced_by_fresh(before), markup=False, highlight=False)
+    _ray_auth_mode()
+    import harness
+    from harness.fleet import NoHardwareError
+    from harness.run import run
+
+    try:
+        summary = run(args.experiment, resume=args.resume, console=console,
+                      progress=not (args.quiet or args.json), overrides=args.set or (),
+                      started_at=harness.IMPORTED_AT, stop_own_ray=True)
+    except ExperimentError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return EXIT_BAD_INPUT
+    except NoHardwareError as exc:
+        console.print(f"[bold red]error:[/] {redact(str(exc))}", markup=True)
+        return EXIT_NO_HARDWARE
+    summary.tracking_uri = redact(summary.tracking_uri)
+    summary.events = [redact(e) for e in summary.events]
+    if args.json:
+        print(jsonsafe.dumps({
+            "rows": summary.rows, "packs": summary.packs,
+            "missing_hardware": summary.missing_hardware,
+            "interpreted": summary.interpreted, "mlflow_parent_run_id": summary.parent_run_id,
+            "tracking_uri": summary.tracking_uri, "wall_s": summary.wall_s,
+            "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
+            "timing_fraction": summary.timing_fraction, "overhead_s": summary.overhead,
+            "timeline_s": summary.timeline, "worker_startup_s": summary.worker_startup,
+            "mlflow_logger": summary.mlflow_logger,
+            "first_calls": summary.first_calls,
+            "workers_replaced": summary.replaced, "workers_reused": summary.reused,
+            "trials_retried": summary.retried,
+            "events": summary.events,
+            "resumed": summary.resumed,
+        }, default=str, indent=1))
+        return 0
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=WIDTH)  # logs and pipes: the width the summary is laid out for
+    print_summary(out, summary, quiet=args.quiet)
+    return 0
+
+
+def _ray_auth_mode() -> None:
+    """A `ray start --head` turns token authentication on by itself, but a driver joining
+    it through RAY_ADDRESS sends the token only with RAY_AUTH_MODE=token, read when Ray is
+    imported; without it the join fails with "InvalidAuthToken". Sending a token is
+    harmless: a cluster without authentication accepts the driver either way."""
+    if not os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_AUTH_MODE"):
+        return
+    if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            or (Path.home() / ".ray" / "auth_token").is_file()):
+        os.environ["RAY_AUTH_MODE"] = "token"

@@ -1,0 +1,122 @@
+"""The run's summary on the terminal: one table row per study, then the run's totals.
+
+It fits 100 columns: a config shows as its difference from the kernel family's default
+config (the whole config is in ``--json`` and in the study's MLflow run), the speed-ups
+share one column, and paths and URIs are printed whole on lines of their own.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+#: The width the summary is laid out for, and the console's width where stdout is not a
+#: terminal (logs, pipes, CI).
+WIDTH = 100
+
+
+def fmt(v: Any, spec: str = ".3g", suffix: str = "") -> str:
+    """``v`` formatted, or "-" where the run has no value."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:{spec}}{suffix}"
+
+
+def default_config(kernel: str) -> Mapping[str, Any]:
+    """The kernel family's default config; empty where the family cannot be loaded."""
+    from harness import kernel_api
+
+    try:
+        return kernel_api.get(kernel).default_config
+    except Exception:  # a user kernel that no longer imports: show whole configs
+        return {}
+
+
+def config_diff(config: Mapping[str, Any], default: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``config`` that differ from ``default`` (or are not in it)."""
+    return {k: v for k, v in config.items() if k not in default or default[k] != v}
+
+
+def config_text(row: Mapping[str, Any]) -> str:
+    """The study's winner as its change from the family's default config."""
+    config = row.get("config") or row.get("params")
+    if not config:
+        return "none (no config was measured)"
+    diff = config_diff(config, default_config(row["kernel"]))
+    return " ".join(f"{k}={v}" for k, v in diff.items()) if diff else "the default config"
+
+
+def summary_table(rows: list[dict[str, Any]], interpreted: bool) -> Table:
+    """One line per study: what was tuned, the winner's latency, its speed-ups over
+    eager PyTorch, torch.compile and the default config, its share of the roofline
+    bound and the trial counts. Configs are listed below the table, by row number."""
+    title = "Tuning summary" + (" (CPU interpreter: timings are not GPU timings)"
+                                if interpreted else "")
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              padding=(0, 1, 0, 0))
+    t.add_column("#", justify="right")
+    t.add_column("kernel dtype, shape", overflow="fold")
+    t.add_column("hw", overflow="fold")
+    t.add_column("latency", justify="right")
+    for k in ("eager", "compile", "default"):  # the headers wrap before the values do
+        t.add_column(f"vs {k}", justify="right", min_width=6, max_width=len(k))
+    t.add_column("roof", justify="right")
+    t.add_column("trials", justify="right", overflow="fold")
+    for i, r in enumerate(rows, 1):
+        c = r.get("counts", {})
+        t.add_row(
+            str(i), f"{r['kernel']} {r['dtype']}\n{r['shape']}", r["hardware"],
+            fmt(r.get("latency_ms"), ".4g", " ms"),
+            *(fmt(r.get(f"speedup_vs_{k}"), ".2f", "×") for k in ("eager", "compile", "default")),
+            fmt((r.get("roofline") or math.nan) * 100, ".0f", "%"),
+            f"{c.get('measured', 0)}/{c.get('failed', 0)}/{c.get('pruned', 0)}",
+        )
+    return t
+
+
+def print_configs(out: Console, rows: list[dict[str, Any]]) -> None:
+    """Each row's winning config, as its change from the default config."""
+    out.print("roof: share of the roofline bound; trials: measured/failed/pruned. "
+              "Configs, as their change from the kernel's default (whole: --json, MLflow):",
+              style="dim")
+    for i, r in enumerate(rows, 1):
+        # Wrapped between parameters, under the row's number.
+        text = textwrap.fill(config_text(r), width=out.width, initial_indent=f"{i:>2} ",
+                             subsequent_indent="   ", break_long_words=False)
+        out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_summary(out: Console, summary: Any, quiet: bool) -> None:
+    """The table, the packs written and the run's totals (``--quiet``: the packs only)."""
+    if not quiet:
+        out.print(summary_table(summary.rows, summary.interpreted))
+        print_configs(out, summary.rows)
+    for p in summary.packs:
+        out.print(f"pack: {p}", markup=False, highlight=False, soft_wrap=True)
+    if quiet:
+        return
+    out.print(f"wall {summary.wall_s:.1f} s; GPUs held {summary.held_s:.1f} s, of which "
+              f"{summary.timing_s:.1f} s timing kernels "
+              f"({fmt(summary.timing_fraction * 100, '.0f', '%')}); "
+              f"{summary.replaced} workers replaced, {summary.retried} trials retried"
+              + (f", {summary.reused} kept workers reused" if summary.reused else ""))
+    if summary.overhead:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in summary.overhead.items() if v >= 0.05)
+        out.print(f"GPU-held time by phase: {parts}")
+    fc = summary.first_calls
+    if fc.get("watched"):
+        out.print(f"first launches: {fc['watched'] - fc['compiled_in_worker']} of "
+                  f"{fc['watched']} loaded a compiled binary, {fc['compiled_in_worker']} "
+                  f"compiled in the worker ({fc['ahead_missed']} despite compile-ahead)")
+    for event in summary.events:
+        out.print(f"fleet: {event}", markup=False)
+    out.print(f"MLflow: {summary.tracking_uri} (parent run {summary.parent_run_id})",
+              markup=False, soft_wrap=True)
+    out.print(f"  see it with: mlflow ui --backend-store-uri {summary.tracking_uri}",
+              markup=False, highlight=False, soft_wrap=True)
