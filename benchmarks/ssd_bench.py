@@ -33,7 +33,7 @@ from kernels.mamba2_ssd import Mamba2SSD, ssd_minimal
 KERNEL = Mamba2SSD()
 NAMES = ("x", "dt", "A", "B", "C", "D")
 BASE = {"b": 1, "h": 80, "p": 64, "g": 1, "n": 128}
-PACK = Path(__file__).resolve().parents[1] / "packs" / "H200" / "mamba2_ssd.json"
+PACK = Path(__file__).resolve().parents[1] / "harness/packs/shipped/H200/mamba2_ssd.json"
 DTYPE_OF = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 PRECISION = {
     "fp32": "tf32x3 (fp32-accurate)",

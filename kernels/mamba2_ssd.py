@@ -424,6 +424,12 @@ class Mamba2SSD(Kernel):
                 return f"{name}={v} must be a power of two >= 16 (tl.dot)"
         if chunk > max(16, _next_pow2(L)):
             return f"CHUNK_SIZE={chunk} > next_pow2(L={L})"
+        # A tunable the IMPL ignores keeps its default value, so that a search does not
+        # time one config under several names.
+        ignored = ("BLOCK_M", "BLOCK_K") if cfg["IMPL"] == "fused" else ("PREFETCH_C",)
+        for name in ignored:
+            if cfg[name] != self.default_config[name]:
+                return f"{name} is unused by IMPL={cfg['IMPL']} (only its default is searched)"
         if cfg["IMPL"] == "five" and (bm > chunk or bk > chunk):
             return f"BLOCK_M={bm} / BLOCK_K={bk} must not exceed CHUNK_SIZE={chunk}"
         if bp > max(16, _next_pow2(p)):
