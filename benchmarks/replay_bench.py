@@ -1,9 +1,9 @@
 """Replay benchmark: which sampler finds the grid's winner for the least GPU time?
 
 Every sampler of the harness (tpe, random, cmaes, gp, grid) tunes every recorded case
-(``benchmarks/replay/<HW>/*.json``, exhaustive sweeps exported by ``harness.replay``)
+(``benchmarks/replay/<HW>/*.json``, exhaustive sweeps exported by ``harness.search.replay``)
 with several seeds, offline, paying each config's recorded GPU time (see
-``harness/replay.py``). Per sampler it reports the median over cases (each case's median
+``harness/search/replay.py``). Per sampler it reports the median over cases (each case's median
 over seeds) of:
 
 - the trials needed to come within 2 % of the grid optimum;
@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import replay as rp  # noqa: E402
+from harness.search import replay as rp  # noqa: E402
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp", "grid")
 #: Replay variants: static pruning is the harness; the others change one thing each.

@@ -34,6 +34,7 @@ from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
 
 from harness import hardware
 from harness.measure import Measurer, Timing, TrialResult
+from harness.search.keys import config_key
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,6 @@ def materialise(value: Any, device: str = "meta") -> Any:
     if type(value) in (list, tuple):
         return type(value)(materialise(v, device) for v in value)
     return value
-
-
-def _config_key(config: Mapping[str, Any]) -> str:
-    return json.dumps(dict(config), sort_keys=True, default=str)
 
 
 _CHILD: dict[str, Any] = {}  # problem -> inputs a compile child built (the last two)
@@ -248,7 +245,7 @@ class Precompiler:
                configs: Iterable[Mapping[str, Any]]) -> None:
         with self._lock:
             for config in configs:
-                key = (problem, _config_key(config))
+                key = (problem, config_key(config))
                 if key in self._futures:
                     continue
                 try:
@@ -265,13 +262,13 @@ class Precompiler:
     def pending(self, problem: str, config: Mapping[str, Any]) -> Future | None:
         """The compile of ``config`` under way or done, left for ``wait`` to collect."""
         with self._lock:
-            return self._futures.get((problem, _config_key(config)))
+            return self._futures.get((problem, config_key(config)))
 
     def wait(self, problem: str, config: Mapping[str, Any],
              timeout_s: float = PRECOMPILE_WAIT_S) -> dict[str, Any] | None:
         """The ahead-of-time compile's outcome for ``config`` (None: none was started)."""
         with self._lock:
-            fut = self._futures.pop((problem, _config_key(config)), None)
+            fut = self._futures.pop((problem, config_key(config)), None)
         if fut is None:
             return None
         try:
@@ -743,7 +740,7 @@ class Worker:
             return
         inputs = self.measurer.held(fam, shape, dtype, seed)
         compiling = self.pre.pending(problem, config)
-        key = (problem, _config_key(config))
+        key = (problem, config_key(config))
         with self._load_lock:
             # Only a config whose compile is done: the one loading thread must never wait
             # on a compile (it held up every later load: 3-4 s of GPU idle at an H200
@@ -768,7 +765,7 @@ class Worker:
         """Wait for a load ahead of ``config`` that is under way (so that its first launch
         does not load it a second time)."""
         with self._load_lock:
-            fut = self._loads.pop((problem, _config_key(config)), None)
+            fut = self._loads.pop((problem, config_key(config)), None)
         if fut is not None:
             try:
                 fut.result(timeout=60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import logging
 import math
@@ -55,6 +56,8 @@ LOGGER_FLUSH_S = 300.0
 #: the first of a larger grid, in the order they will be asked for. Well under what the
 #: compile-ahead keeps track of (``Precompiler.MAX_PENDING``), which forgets the oldest.
 MAX_KNOWN = 512
+#: Grid positions ``_known_configs`` checks at most (a large space, valid configs sparse).
+MAX_GRID_SCAN = 20_000
 
 
 @dataclass
@@ -430,9 +433,9 @@ def _known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
                    path: str | Path) -> list[dict[str, Any]]:
     """The configs a study is known to measure before its search starts: the kernel's
     default (a baseline), the packs' winners it starts from (``search.seed_from_packs``)
-    and, for an exhaustive grid, every config that passes static pruning on the hardware
-    key's static spec (the worker's own device prunes again; a config compiled ahead in
-    vain costs a compile child's time, not the GPU's)."""
+    and, for a grid, its first ``trials`` configs that pass static pruning on the
+    hardware key's static spec, in the grid's order (the worker's own device prunes
+    again; a config compiled ahead in vain costs a compile child's time, not the GPU's)."""
     fam = kernel_api.get(spec.kernel)
     device = spec_for_key(spec.hardware)
     space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], device.vendor,
@@ -444,13 +447,15 @@ def _known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
     if exp.search.seed_from_packs:
         out += [dict(c) for c, _ in warmstart.seeds_from_packs(
             exp.output.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
-    if exp.search.sampler != "grid" or spaces.grid_size(space) > exp.search.trials:
+    if exp.search.sampler != "grid":
         return out  # the sampler's choices are not known ahead
-    for config in grid_order(space, exp.seed):
-        if len(out) >= MAX_KNOWN:
+    grid = 0  # the grid walks the valid configs in its order: these come first
+    for config in itertools.islice(grid_order(space, exp.seed), MAX_GRID_SCAN):
+        if len(out) >= MAX_KNOWN or grid >= exp.search.trials:
             break
         if fam.check_config({**fam.default_config, **config}, spec.shape, device) is None:
             out.append(config)
+            grid += 1
     return out
 
 
@@ -996,6 +1001,8 @@ def _row(st: StudyState) -> dict[str, Any]:
         "failures": [r for _, r in st.search.failures()][:5],
     }
     out = _outcome(st)
+    if out is None:  # nothing frozen for this study: the summary says why
+        row["not_tuned"] = st.search.not_tuned()
     if out:
         row["config"], metrics = out
         row["params"] = st.final[0] if st.final else st.search.best()[0]  # type: ignore[index]

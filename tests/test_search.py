@@ -41,7 +41,61 @@ def test_static_pruning_never_hands_out_invalid_configs():
         handed.append(config)
         s.tell(trial, config, TrialResult(ok=True, latency_ms=1.0, max_abs_err=0, max_rel_err=0))
     # num_stages=9 with BLOCK_M=128 needs more shared memory than an H100 has; the three
-    # other configs all run (pruned counts distinct configs, so none of them is lost).
+    # other configs all run, and the sampler never proposes the fourth (no ask is spent).
     assert sorted((c["BLOCK_M"], c["num_stages"]) for c in handed) == [(64, 3), (64, 9),
                                                                         (128, 3)]
-    assert s.pruned == 1
+    assert s.pruned == 0 and s.asks == 3
+
+
+_KILLED_DRIVER = """
+import json, os, signal, sys
+import optuna
+from harness.experiment import SearchSettings, StudySpec
+from harness.hardware import spec_for_key
+from harness.search import Search, make_storage
+spec = StudySpec("t", "matmul", {"M": 256, "N": 256, "K": 256}, "bf16", "H100")
+space = {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128], "BLOCK_K": [32, 64]}
+s = Search(spec, space, spec_for_key("H100"), SearchSettings(sampler="grid", trials=6,
+           warm_start=False, seed_from_packs=False), make_storage(sys.argv[1]), seed=0,
+           n_parallel=2)
+asked = [s.ask(), s.ask()]
+print(json.dumps([c for _, c in asked]), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the driver dies with two configs in flight
+"""
+
+
+def test_resume_measures_the_configs_a_killed_driver_left_in_flight(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harness.search import make_storage
+
+    root = Path(__file__).resolve().parent.parent
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_DRIVER, url], capture_output=True,
+                          text=True, cwd=root, env={**__import__("os").environ,
+                                                    "PYTHONPATH": str(root)}, timeout=600)
+    assert proc.returncode == -9, proc.stderr
+    in_flight = json.loads(proc.stdout)
+    spec = StudySpec("t", "matmul", {"M": 256, "N": 256, "K": 256}, "bf16", "H100")
+    space = {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128], "BLOCK_K": [32, 64]}
+    s = Search(spec, space, spec_for_key("H100"),
+               SearchSettings(sampler="grid", trials=6, warm_start=False,
+                              seed_from_packs=False), make_storage(url), seed=0, n_parallel=2)
+    assert s.interrupted == in_flight
+    measured = []
+    while (asked := s.ask()) is not None:
+        trial, config = asked
+        measured.append(config)
+        s.tell(trial, config, TrialResult(ok=True, latency_ms=1.0, max_abs_err=0,
+                                          max_rel_err=0))
+    assert measured[:2] == in_flight and len(measured) == 6
+    assert s.counts()["measured"] == 6
+    # A second resume queues nothing again: the interrupted configs were measured.
+    again = Search(spec, space, spec_for_key("H100"),
+                   SearchSettings(sampler="grid", trials=6, warm_start=False,
+                                  seed_from_packs=False), make_storage(url), seed=0,
+                   n_parallel=2)
+    assert again.interrupted == [] and again.measured == 6

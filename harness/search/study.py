@@ -1,18 +1,16 @@
-"""Search: owns the Optuna studies and their storage; decides what to try next.
+"""A study: one Optuna study for one (kernel, shape, dtype, hardware).
 
-It asks for configs, prunes those that cannot run (statically, before any GPU time),
-answers repeated configs from what was already measured, and tells results back. It
-never touches a GPU.
+It asks for configs (valid ones: its sampler draws from the space's valid set), answers
+repeated configs from what was already measured, tells results back, and on resume
+finishes or queues again what a stopped driver left running. It never touches a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import warnings
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -23,7 +21,9 @@ from harness.experiment import SearchSettings, StudySpec
 from harness.jsonsafe import json_safe
 from harness.kernel_api import DeviceSpec
 from harness.measure import TrialResult
-from harness.sqlite_commits import fast_commits
+from harness.search.keys import config_key
+from harness.search.samplers import ValidSampler, make_pruner, make_sampler
+from harness.search.valid import ValidSpace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -34,154 +34,55 @@ ATTR_REASON = "reason"
 ATTR_RESULT = "result"
 
 
-def storage_url(runs_dir: str | Path, experiment: str) -> str:
-    path = Path(runs_dir).resolve() / experiment / "optuna.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
-
-
-def make_storage(url: str) -> optuna.storages.BaseStorage:
-    """The studies' storage. SQLite runs in WAL mode with ``synchronous=NORMAL``: a
-    commit no longer waits for fsync (3-4x faster ask/tell, which the driver does for
-    every trial), and a killed driver still loses no committed trial (only a power loss
-    could lose the last ones)."""
-    if not url.startswith("sqlite:"):
-        return optuna.storages.RDBStorage(url)
-    from sqlalchemy import event
-
-    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-
-    event.listen(storage.engine, "connect", fast_commits)
-    storage.engine.dispose()  # connections opened before the listener reconnect with it
-    return storage
-
-
-class _GridSampler(optuna.samplers.GridSampler):
-    """GridSampler for ask/tell: its ``after_trial`` calls ``study.stop()`` once the grid
-    is used up, which raises outside ``study.optimize``; the harness's budget stops it.
-
-    It also hands out a trial's whole grid point at once, as relative parameters: the
-    plain GridSampler reads the trial's system attributes back from the storage for each
-    parameter it samples (six SQLite reads per ask on the matmul grid: asks 40 ms apart
-    on the H200 box, slower than the GPU times a config at 5/20 ms budgets)."""
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial
-                                    ) -> dict[str, optuna.distributions.BaseDistribution]:
-        return {name: optuna.distributions.CategoricalDistribution(choices)
-                for name, choices in self._search_space.items()}
-
-    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                        search_space: dict[str, optuna.distributions.BaseDistribution]
-                        ) -> dict[str, Any]:
-        # The grid id is written by ``before_trial`` after ``trial`` was read: one read.
-        grid_id = study._storage.get_trial_system_attrs(trial._trial_id).get("grid_id")
-        if grid_id is None:  # an enqueued trial: its fixed parameters apply
-            return {}
-        point = self._all_grids[grid_id]
-        return {name: point[i] for i, name in enumerate(self._param_names)
-                if name in search_space}
-
-    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                    state: TrialState, values: Any) -> None:
-        pass
-
-
-def grid_order(space: spaces.Space, seed: int) -> list[dict[str, Any]]:
-    """The grid's configs in the order a study's grid sampler (seeded ``seed``) hands them
-    out: Optuna 5's gives trial n the n-th point of its seeded shuffle. A worker compiling
-    the grid ahead in this order has first what is asked first (elsewhere the order is
-    only less useful)."""
-    sampler = _GridSampler(dict(space), seed=seed)
-    return [dict(zip(sampler._param_names, point, strict=True))
-            for point in sampler._all_grids]
-
-
-def make_sampler(settings: SearchSettings, space: spaces.Space, seed: int,
-                 n_parallel: int) -> optuna.samplers.BaseSampler:
-    name = settings.sampler
-    if name == "tpe":
-        # constant_liar keeps parallel workers from being handed the same config.
-        return optuna.samplers.TPESampler(seed=seed, constant_liar=n_parallel > 1,
-                                          multivariate=True, n_startup_trials=8)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "grid":
-        return _GridSampler(dict(space), seed=seed)
-    if name == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
-    raise ValueError(f"unknown sampler {name!r}")
-
-
-class ThresholdPruner(optuna.pruners.BasePruner):
-    """Multi-fidelity cut: a trial whose cheap measurement (step 0) is more than ``margin``
-    slower than the best full measurement so far stops there, once ``n_startup_trials``
-    trials are complete. Cheap timings are noisier, hence the margin."""
-
-    def __init__(self, margin: float = 0.10, n_startup_trials: int = 4):
-        self.margin = margin
-        self.n_startup_trials = n_startup_trials
-
-    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        step = trial.last_step
-        if step is None:
-            return False
-        done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value is not None]
-        if len(done) < self.n_startup_trials:
-            return False
-        return trial.intermediate_values[step] > min(done) * (1 + self.margin)
-
-
-def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
-    """The multi-fidelity pruner (``search.pruner``); ``none``: every config is timed in
-    full at once."""
-    name, startup = settings.pruner, settings.prune_startup_trials
-    if name == "none":
-        return optuna.pruners.NopPruner()
-    if name == "threshold":
-        return ThresholdPruner(settings.prune_margin, startup)
-    if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=0)
-    if name == "percentile":
-        return optuna.pruners.PercentilePruner(settings.prune_percentile,
-                                               n_startup_trials=startup, n_warmup_steps=0)
-    raise ValueError(f"unknown pruner {name!r}")
-
-
-def config_key(config: Mapping[str, Any]) -> str:
-    return json.dumps(dict(config), sort_keys=True)
-
-
 class Search:
     """One Optuna study for one (kernel, shape, dtype, hardware)."""
 
     def __init__(self, spec: StudySpec, space: spaces.Space, device: DeviceSpec,
                  settings: SearchSettings, storage: str | optuna.storages.BaseStorage,
                  seed: int, n_parallel: int,
-                 seeds: Sequence[tuple[dict[str, Any], str]] = ()):
+                 seeds: Sequence[tuple[dict[str, Any], str]] = (),
+                 check: Callable[[Mapping[str, Any]], str | None] | None = None,
+                 default_config: Mapping[str, Any] | None = None):
+        """``check`` (config -> why it cannot run, or None) defaults to the kernel's
+        ``check_config`` at the study's shape on ``device``; ``default_config`` (the warm
+        start's first config and the base of every checked config) to the kernel's."""
         self.spec = spec
         self.space = space
         self.device = device
         self.settings = settings
-        self.kernel = kernel_api.get(spec.kernel)
+        if check is None or default_config is None:
+            self.kernel = kernel_api.get(spec.kernel)
+        self.default_config = dict(self.kernel.default_config if default_config is None
+                                   else default_config)
+        self._check = check or self._kernel_check
+        self.valid = ValidSpace(space, self._check, seed)
         self.study = optuna.create_study(
             study_name=spec.name,
             storage=storage,
             direction="minimize",
-            sampler=make_sampler(settings, space, seed, n_parallel),
+            sampler=make_sampler(settings, self.valid, seed, n_parallel),
             pruner=make_pruner(settings),
             load_if_exists=True,
         )
-        self.grid = spaces.grid_size(space)
+        #: The configs there are to measure: the valid ones where known, else the grid.
+        self.grid = self.valid.count if self.valid.count is not None else spaces.grid_size(space)
         self._seen: dict[str, float | None] = {}  # config -> latency (None = failed)
         self._asks_left = 20 * settings.trials + self.grid
+        self.asks = 0  # configs asked of the sampler by this object
         self._pruned: set[str] = set()  # distinct configs rejected by static pruning
         self._stall = 0  # asks in a row that brought no new config
         self.stalled = False
+        self.exhausted = False  # the sampler found no valid untried config
+        #: Why the study has nothing to measure (every config of its space is pruned).
+        self.no_valid: str | None = self.valid.empty_reason
         self._seeds = list(seeds)  # (config, where it won) enqueued on a fresh study
         self._resume()
+        if self.no_valid:
+            self.study.set_user_attr("stopped", self.no_valid)
+
+    def _kernel_check(self, config: Mapping[str, Any]) -> str | None:
+        return self.kernel.check_config({**self.default_config, **config}, self.spec.shape,
+                                        self.device)
 
     # -- resume ---------------------------------------------------------------------
     def _resume(self) -> None:
@@ -204,7 +105,7 @@ class Search:
             elif t.state == TrialState.PRUNED:
                 self._pruned.add(key)
         if fresh and self.settings.warm_start:
-            default = {k: v for k, v in self.kernel.default_config.items() if k in self.space}
+            default = {k: v for k, v in self.default_config.items() if k in self.space}
             missing = set(self.space) - set(default)
             # Only enqueue when the default is a point of this space.
             if not missing and all(default[k] in self.space[k] for k in default):
@@ -229,10 +130,17 @@ class Search:
             storage.set_trial_user_attr(tid, ATTR_STATUS, "interrupted")
             storage.set_trial_user_attr(tid, ATTR_REASON, "the driver stopped during the trial")
             self.study.tell(t.number, state=TrialState.FAIL)
-            if t.params:
-                self.study.enqueue_trial(t.params, skip_if_exists=True)
+            if t.params and not self._waiting(t.params):
+                # Not ``skip_if_exists``: the trial just failed has these very parameters.
+                self.study.enqueue_trial(t.params)
                 self.interrupted.append(dict(t.params))
         return self.study._storage.get_trial(tid)
+
+    def _waiting(self, params: Mapping[str, Any]) -> bool:
+        """Whether a trial with these parameters is already queued."""
+        key = config_key(params)
+        return any(config_key(w.params) == key
+                   for w in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     # -- the budget -----------------------------------------------------------------
     @property
@@ -246,9 +154,11 @@ class Search:
         return len(self._seen)
 
     def done(self, in_flight: int = 0) -> bool:
+        left = self.grid if self.valid.exact else self.grid - self.pruned
         return (self.measured + in_flight >= self.settings.trials
-                or self.measured + in_flight >= self.grid - self.pruned
-                or self._asks_left <= 0 or self.stalled)
+                or self.measured + in_flight >= left
+                or self._asks_left <= 0 or self.stalled or self.exhausted
+                or self.no_valid is not None)
 
     # -- ask / tell -----------------------------------------------------------------
     def ask(self, in_flight: int = 0) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
@@ -264,10 +174,18 @@ class Search:
                                          "row brought no new config")
                 break
             trial = self.study.ask()
+            self.asks += 1
             config = {name: trial.suggest_categorical(name, choices)
                       for name, choices in self.space.items()}
-            reason = self.kernel.check_config(
-                {**self.kernel.default_config, **config}, self.spec.shape, self.device)
+            sampler = self.study.sampler
+            if isinstance(sampler, ValidSampler) and sampler.exhausted_at == trial.number:
+                # No valid untried config is left (a large space: none was found).
+                self.exhausted = True
+                if self.measured == 0:
+                    self.no_valid = self.valid.why_none_found()
+                    self.study.set_user_attr("stopped", self.no_valid)
+            idx = self.valid.index(config)
+            reason = self.valid.reason(idx) if idx is not None else self._check(config)
             if reason:
                 key = config_key(config)
                 if key not in self._pruned:
@@ -386,6 +304,19 @@ class Search:
             if status in out:
                 out[status] += 1
         return out
+
+    def not_tuned(self) -> str | None:
+        """Why the study has no winner (None: it has one): every config of its space
+        pruned (with the kernel's reasons), every measured config failed, or none measured."""
+        if self.best() is not None:
+            return None
+        if self.no_valid:
+            return self.no_valid
+        failed = self.failures()
+        if failed:
+            first = (failed[0][1] or "failed").splitlines()[0][:200]
+            return f"every measured config failed ({len(failed)}), e.g. {first}"
+        return "no config was measured"
 
     def failures(self) -> list[tuple[dict[str, Any], str]]:
         return [(dict(t.params), t.user_attrs.get(ATTR_REASON, ""))

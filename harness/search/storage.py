@@ -1,0 +1,31 @@
+"""Where the studies live: one Optuna storage per experiment (``runs/<name>/optuna.db``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from harness.sqlite_commits import fast_commits
+
+
+def storage_url(runs_dir: str | Path, experiment: str) -> str:
+    path = Path(runs_dir).resolve() / experiment / "optuna.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def make_storage(url: str) -> optuna.storages.BaseStorage:
+    """The studies' storage. SQLite runs in WAL mode with ``synchronous=NORMAL``: a
+    commit no longer waits for fsync (3-4x faster ask/tell, which the driver does for
+    every trial), and a killed driver still loses no committed trial (only a power loss
+    could lose the last ones)."""
+    if not url.startswith("sqlite:"):
+        return optuna.storages.RDBStorage(url)
+    from sqlalchemy import event
+
+    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+
+    event.listen(storage.engine, "connect", fast_commits)
+    storage.engine.dispose()  # connections opened before the listener reconnect with it
+    return storage
