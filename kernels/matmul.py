@@ -95,6 +95,10 @@ def _matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+#: The largest M (tokens) for which row tiles below it (16, 32) are tried.
+DECODE_M = 64
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 
@@ -205,6 +209,11 @@ class Matmul(SingleLaunch, Kernel):
         for name, v, dim in (("BLOCK_M", bm, "M"), ("BLOCK_N", bn, "N"), ("BLOCK_K", bk, "K")):
             if v > max(16, _next_pow2(int(shape[dim]))):
                 return f"{name}={v} > next_pow2({dim})={_next_pow2(int(shape[dim]))}"
+        # Row tiles below 64 are for decode shapes (a few tokens), where a 64-row tile
+        # would be mostly padding; a larger M fills 64-row tiles, which keep the tensor
+        # cores busier per loaded B tile.
+        if bm < DECODE_M and _next_pow2(int(shape["M"])) > DECODE_M:
+            return f"BLOCK_M={bm} < {DECODE_M} is a decode tile: M={shape['M']} > {DECODE_M}"
         # Shared memory: num_stages A and B tiles resident (2 bytes assumed: the tuned
         # dtypes; an fp32 config that does not fit fails at compile time instead). AMD's
         # stream pipeliner holds one stage in registers.

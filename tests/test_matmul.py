@@ -40,21 +40,55 @@ def _space_values() -> list[tuple[str, object]]:
     return list(dict.fromkeys((n, c) for sec in sections for n, cs in sec.items() for c in cs))
 
 
-def test_registered_and_space_is_216() -> None:
+def _valid(space: dict, shape: dict, device) -> list[dict]:
+    configs = [dict(zip(space, v, strict=True)) for v in itertools.product(*space.values())]
+    return [c for c in configs if KERNEL.check_config(c, shape, device) is None]
+
+
+def test_registered_and_a_large_m_has_216_configs() -> None:
     assert isinstance(get("matmul"), Matmul)
     space = spaces.resolve([spaces.for_kernel(KERNEL)], "nvidia", "H200")
-    assert spaces.grid_size(space) == 216
+    assert spaces.grid_size(space) == 360
+    # Decode tiles (BLOCK_M 16, 32) are pruned for a large M: what is left is the grid of
+    # the 216 others.
+    big = KERNEL.shapes["square-8192"]
+    grid216 = {**space, "BLOCK_M": [64, 128, 256]}
+    assert spaces.grid_size(grid216) == 216
+    assert _valid(space, big, H200) == _valid(grid216, big, H200)
     cpu = spaces.resolve([spaces.for_kernel(KERNEL)], "cpu", "cpu")
     assert spaces.grid_size(cpu) == 4
+
+
+@pytest.mark.parametrize(("m", "tiles"), [(16, {16}), (32, {16, 32}), (48, {16, 32, 64}),
+                                          (4096, {64, 128, 256})])
+def test_decode_shapes_have_tiles_that_fit(m: int, tiles: set) -> None:
+    """M=16 (16 tokens) had no tile before BLOCK_M 16 and 32: every config was pruned."""
+    space = spaces.resolve([spaces.for_kernel(KERNEL)], "nvidia", "H200")
+    ok = _valid(space, {"M": m, "N": 4096, "K": 4096}, H200)
+    assert {c["BLOCK_M"] for c in ok} == tiles
+
+
+@pytest.mark.parametrize(("shape", "block_m"), [({"M": 16, "N": 64, "K": 64}, 16),
+                                                ({"M": 11, "N": 40, "K": 48}, 16),
+                                                ({"M": 32, "N": 64, "K": 32}, 32),
+                                                ({"M": 27, "N": 72, "K": 40}, 32)])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_decode_tiles_match_the_reference(shape: dict, block_m: int, dtype: str) -> None:
+    """Decode tiles against the reference on fresh random inputs, full and ragged."""
+    config = {"BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 8}
+    assert KERNEL.check_config({**KERNEL.default_config, **config}, shape, H200) is None
+    _check(shape, config, dtype, seed=int.from_bytes(os.urandom(2), "little"))
 
 
 @pytest.mark.parametrize(("name", "value"), _space_values())
 def test_each_tunable_value(name: str, value: object) -> None:
     config = {**KERNEL.default_config, name: value}
     device = V710 if name in ("waves_per_eu",) or (name == "num_stages" and value < 3) else H100
-    assert KERNEL.check_config(config, RAGGED, device) is None, config
+    # Decode tiles are kept for decode shapes only.
+    shape = {**RAGGED, "M": 40} if name == "BLOCK_M" and value < 64 else RAGGED
+    assert KERNEL.check_config(config, shape, device) is None, config
     # AMD launch options are dropped off ROCm: the config still runs (and is right).
-    _check(RAGGED, config, "fp16")
+    _check(shape, config, "fp16")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
@@ -100,9 +134,9 @@ def test_check_config() -> None:
     assert "next_pow2" in KERNEL.check_config({**base, "BLOCK_M": 256}, {**big, "M": 100}, H200)
     # The grid: some configs are pruned on an H200, most run.
     space = spaces.resolve([spaces.for_kernel(KERNEL)], "nvidia", "H200")
-    configs = [dict(zip(space, v, strict=True)) for v in itertools.product(*space.values())]
-    ok = [c for c in configs if KERNEL.check_config(c, big, H200) is None]
-    assert len(configs) == 216 and 150 <= len(ok) < 216
+    ok = _valid(space, big, H200)
+    assert spaces.grid_size(space) == 360 and 150 <= len(ok) < 216
+    assert "decode tile" in KERNEL.check_config({**base, "BLOCK_M": 32}, big, H200)
 
 
 def test_cost_model() -> None:
@@ -124,6 +158,23 @@ def test_cost_model() -> None:
 ])
 def test_gpu_seed_shape_bf16(device: str, config: dict) -> None:
     _check(KERNEL.shapes["square-8192"], {**KERNEL.default_config, **config}, "bf16", device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 32, 13])
+def test_gpu_decode_shape_every_valid_config(device: str, m: int) -> None:
+    """A decode shape (m tokens through a 4096 x 4096 layer) on the GPU: every config of
+    the shipped space that passes check_config there is right, decode tiles included."""
+    from harness.hardware import current_device
+
+    shape = {"M": m, "N": 4096, "K": 4096}
+    dev = current_device()
+    space = spaces.resolve([spaces.for_kernel(KERNEL)], dev.vendor, dev.key)
+    ok = _valid(space, shape, dev)
+    assert ok and {c["BLOCK_M"] for c in ok} <= {16, 32}
+    for config in ok:
+        _check(shape, {**KERNEL.default_config, **config}, "bf16", device,
+               seed=int.from_bytes(os.urandom(2), "little"))
 
 
 @pytest.mark.gpu

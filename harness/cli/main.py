@@ -2,6 +2,7 @@
 console script's entry point (``run`` is ``run_command``, ``packs`` is ``packs_cli``).
 
 Exit codes: 0 success, 2 bad input (experiment file, arguments), 3 no usable hardware,
+4 a study tuned nothing (every config pruned or failed; the run names it and why),
 1 anything else.
 """
 

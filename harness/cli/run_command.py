@@ -17,6 +17,7 @@ from harness.tracking.redact import redact
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_HARDWARE = 3
+EXIT_NOT_TUNED = 4
 
 #: What a run keeps in its runs directory (``runs/<name>/``) that a re-run would replace.
 STATE_FILES = ("optuna.db", "state.json")
@@ -97,12 +98,21 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             "events": summary.events,
             "resumed": summary.resumed,
         }, default=str, indent=1))
-        return 0
+        return _not_tuned(summary.rows, console)
     out = Console()
     if not out.is_terminal:
         out = Console(width=WIDTH)  # logs and pipes: the width the summary is laid out for
     print_summary(out, summary, quiet=args.quiet)
-    return 0
+    return _not_tuned(summary.rows, console)
+
+
+def _not_tuned(rows: list[dict], console: Console) -> int:
+    """Each study that froze nothing, with why (on stderr); EXIT_NOT_TUNED if any."""
+    missed = [r for r in rows if r.get("not_tuned")]
+    for r in missed:
+        console.print(f"[bold red]not tuned:[/] {r['kernel']} {r['shape']} {r['dtype']} "
+                      f"on {r['hardware']}: {r['not_tuned']}", markup=True, highlight=False)
+    return EXIT_NOT_TUNED if missed else 0
 
 
 def _ray_auth_mode() -> None:
