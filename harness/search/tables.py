@@ -210,6 +210,40 @@ def _record(t: Any, status: str) -> dict[str, Any]:
     return rec
 
 
+#: The largest grid whose never-asked configs an export checks one by one.
+MAX_EXPORT_GRID = 200_000
+
+
+def _never_asked(meta: Mapping[str, Any], space: Mapping[str, Sequence[Any]],
+                 records: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The configs of a sweep's grid that its sampler never asked for because static
+    pruning rejects them (the samplers draw valid configs only), recorded ``pruned`` with
+    the kernel's reason on the hardware key's static spec."""
+    import itertools
+
+    grid = math.prod(len(c) for c in space.values())
+    if not space or grid > MAX_EXPORT_GRID or len(records) >= grid:
+        return []
+    try:
+        from harness import kernel_api
+        from harness.hardware import spec_for_key
+
+        fam = kernel_api.get(meta["kernel"])
+        device = spec_for_key(meta["hardware"])
+    except Exception:  # a family that cannot be imported here: the holes stay
+        return []
+    out = []
+    for values in itertools.product(*space.values()):
+        config = dict(zip(space, values, strict=True))
+        if config_key(config) in records:
+            continue
+        reason = fam.check_config({**fam.default_config, **config}, meta["shape"], device)
+        if reason:
+            out.append({"config": config, "status": "pruned",
+                        "reason": str(reason).splitlines()[0][:200]})
+    return out
+
+
 def export_study(storage: Any, study_name: str) -> dict[str, Any]:
     """One study of a sweep as a recorded table (see the module docstring)."""
     import optuna
@@ -241,7 +275,7 @@ def export_study(storage: Any, study_name: str) -> dict[str, Any]:
         records[key] = _record(t, status)
         device_name = device_name or ((t.user_attrs.get(ATTR_RESULT) or {}).get("extra")
                                       or {}).get("device_name", "")
-    recs = list(records.values())
+    recs = [*records.values(), *_never_asked(meta, space, records)]
     fallback = _compile_estimate(recs)
     for r in recs:
         if r["status"] == "pruned":
