@@ -3,7 +3,6 @@ experts and ragged tails, static pruning, shape matching, and the seed shape on 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -19,7 +18,7 @@ import triton
 from harness import spaces
 from harness.kernel_api import DeviceSpec, get
 from kernels import grouped_gemm
-from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
+from kernels.grouped_gemm import GroupedGemm, constraints, make_grouped_inputs
 
 H100 = DeviceSpec(key="H100", vendor="nvidia", sm_count=132, smem_per_block=227 * 1024,
                   has_tma=True)
@@ -83,42 +82,21 @@ def test_each_tunable_value(name: str, value: object, fp16_inputs: dict) -> None
         ref = KERNEL.reference(fp16_inputs, shape)
         torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
         return
-    if name in ("FLATTEN", "TMA_STORE") and value:
-        # Options of the persistent TMA kernel: alone they are pruned (tested below).
-        assert KERNEL.check_config(config, shape, H100) is not None
-        config.update(USE_TMA=1, PERSISTENT=1)
-    if name == "TAIL_SPLIT" and value == 2:
-        # Quarter tiles need the block table (tested below).
-        assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
-        config.update(BLOCK_TABLE=1)
-    if name in ("DIRECT_STORE", "TALL_TILE") and value:
-        # Options of the warp-specialized Gluon engine only (compiled and run in
+    if name in ("TMA_STORE", "SWAP_AB") and value:
+        # Options of the TMA kernels: alone they are pruned (tested below).
+        assert "USE_TMA=1" in KERNEL.check_config(config, shape, H100)
+        config.update(USE_TMA=1)
+    if name in ("TALL_TILE", "TAIL_DEAL") and value:
+        # Options of the Gluon kernel only (compiled and run in
         # tests/test_grouped_gemm_gluon.py).
-        assert "GLUON=3 or 4" in KERNEL.check_config(config, shape, H100)
-        return
-    if name == "TAIL_DEAL" and value:
-        # An option of GLUON=3 without the table (compiled and run in
-        # tests/test_grouped_gemm_gluon.py).
-        assert "GLUON=3, BLOCK_TABLE=0" in KERNEL.check_config(config, shape, H100)
+        assert "GLUON=3" in KERNEL.check_config(config, shape, H100)
         return
     if name == "GLUON" and value:
-        # The Gluon engine needs Hopper's wgmma: pruned here and on the interpreter; its
+        # The Gluon kernel needs Hopper's wgmma: pruned here and on the interpreter; its
         # own tests compile it for sm_90 and run it on the GPU.
-        assert "wgmma" in KERNEL.check_config(
-            {**config, "USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1}, shape, CPU)
+        assert "wgmma" in KERNEL.check_config({**config, "USE_TMA": 1, "PERSISTENT": 1},
+                                              shape, CPU)
         return
-    if name == "SWAP_AB" and value:
-        # An option of the Triton TMA kernel: alone it is pruned (tested below).
-        assert "USE_TMA" in KERNEL.check_config(config, shape, H100)
-        config.update(USE_TMA=1)
-    if name == "TAIL_FINE" and value:
-        # Fine pieces of the quarter tiles, in the TMA kernel (tested below).
-        assert "TAIL_SPLIT=2" in KERNEL.check_config(config, shape, H100)
-        config.update(USE_TMA=1, TAIL_SPLIT=2, BLOCK_TABLE=1, BLOCK_M=64 << value)
-    if name == "TAIL_WINDOW" and value:
-        # The window orders the table's split tails (tested below).
-        assert "BLOCK_TABLE" in KERNEL.check_config(config, shape, H100)
-        config.update(BLOCK_TABLE=1, TAIL_SPLIT=2)
     _check(fp16_inputs, shape, config, "fp16")
 
 
@@ -218,16 +196,13 @@ def test_cpu_space_all_configs_valid_and_correct() -> None:
         config = dict(zip(names, values, strict=True))
         reason = KERNEL.check_config(config, shape, CPU)
         if reason is not None:
-            # Only the options of the persistent TMA kernel, and a window with nothing
-            # to order, prune on the interpreter.
-            assert ("FLATTEN" in reason or "TMA_STORE" in reason
-                    or (reason.startswith("TAIL_WINDOW") and not config["TAIL_SPLIT"])), (
-                config, reason)
+            # Only the TMA store without TMA prunes on the interpreter.
+            assert "TMA_STORE" in reason, (config, reason)
             continue
         out = KERNEL.launcher(inputs, shape, config)()
         torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
         ran += 1
-    assert ran >= 32
+    assert ran >= 16
 
 
 def test_check_config() -> None:
@@ -290,42 +265,30 @@ def test_tma_matches_pointer_path(persistent: int, block_k: int, fp16_inputs: di
     assert torch.equal(out_tma, out_ptr)
 
 
-@pytest.mark.parametrize("flatten,tma_store", [(1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("persistent", [0, 1])
 @pytest.mark.parametrize("block_m", [16, 64])
-def test_flatten_and_tma_store_match_pointer_path(
-    flatten: int, tma_store: int, block_m: int, fp16_inputs: dict
-) -> None:
-    """The flattened tile loop and the TMA store of full tiles give the pointer kernel's
-    bits: BLOCK_M 16 makes most tiles full (TMA-stored) and leaves a partial last tile per
-    expert, 64 makes expert 3's first tile full and its second partial; N = 160 ends
-    inside the second n-tile, so the store box is clipped at N."""
+def test_tma_store_matches_pointer_path(persistent: int, block_m: int,
+                                        fp16_inputs: dict) -> None:
+    """The TMA store of full tiles gives the pointer kernel's bits: BLOCK_M 16 makes
+    most tiles full (TMA-stored) and leaves a partial last tile per expert, 64 makes
+    expert 3's first tile full and its second partial; N = 160 ends inside the second
+    n-tile, so the store box is clipped at N."""
     shape = _shape(COUNTS, N_, K_)
-    base = {**KERNEL.default_config, "PERSISTENT": 1, "BLOCK_M": block_m}
-    cfg = {**base, "USE_TMA": 1, "FLATTEN": flatten, "TMA_STORE": tma_store}
+    base = {**KERNEL.default_config, "PERSISTENT": persistent, "BLOCK_M": block_m}
+    cfg = {**base, "USE_TMA": 1, "TMA_STORE": 1}
     out_new = _check(fp16_inputs, shape, cfg, "fp16").clone()
     assert torch.equal(out_new, KERNEL.launcher(fp16_inputs, shape, base)())
 
 
-@pytest.mark.parametrize("persistent", [0, 1])
-def test_warp_spec_matches_pointer_path(persistent: int, fp16_inputs: dict) -> None:
-    """WARP_SPEC only changes how the pipelined loop is scheduled: the pointer kernel's
-    bits (the interpreter runs the loop as written; the GPU test checks the real one)."""
-    shape = _shape(COUNTS, N_, K_)
-    base = {**KERNEL.default_config, "PERSISTENT": persistent}
-    out_ws = _check(fp16_inputs, shape, {**base, "USE_TMA": 1, "WARP_SPEC": 1}, "fp16").clone()
-    assert torch.equal(out_ws, KERNEL.launcher(fp16_inputs, shape, base)())
-
-
 @pytest.mark.parametrize("extra", [
     {}, {"PERSISTENT": 1}, {"TMA_STORE": 1},
-    {"BLOCK_M": 128, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
-    {"BLOCK_M": 128, "TAIL_SPLIT": 1, "PERSISTENT": 1, "WARP_SPEC": 1},
-    {"BLOCK_M": 128, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "TAIL_WINDOW": 2, "TMA_STORE": 1},
+    {"BLOCK_M": 128, "TAIL_SPLIT": 1},
+    {"BLOCK_M": 128, "TAIL_SPLIT": 1, "PERSISTENT": 1, "TMA_STORE": 1},
 ], ids=str)
 def test_swap_ab(extra: dict, fp16_inputs: dict) -> None:
     """SWAP_AB computes every tile height transposed (W_tile @ A_tile^T) and transposes
     it back before the store: the reference's result on ragged experts, empty ones and
-    N, K off the tile grid, with the full, half and quarter tiles and the TMA store."""
+    N, K off the tile grid, with the full and half tiles and the TMA store."""
     shape = _shape(COUNTS, N_, K_)
     base = {**KERNEL.default_config, "USE_TMA": 1, "BLOCK_N": 64, **extra}
     swapped = _check(fp16_inputs, shape, {**base, "SWAP_AB": 1}, "fp16")
@@ -338,74 +301,11 @@ def test_swap_ab_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
     assert KERNEL.check_config({"USE_TMA": 1, "SWAP_AB": 1}, seed, H100) is None
     assert "USE_TMA" in KERNEL.check_config({"SWAP_AB": 1}, seed, H100)
-    gluon = {"USE_TMA": 1, "PERSISTENT": 1, "BLOCK_TABLE": 1, "GLUON": 1, "SWAP_AB": 1}
-    assert "GLUON=0" in KERNEL.check_config(gluon, seed, H100)
 
 
-@pytest.mark.parametrize("extra", [
-    {"TAIL_FINE": 1}, {"TAIL_FINE": 2, "SWAP_AB": 1},
-    {"TAIL_FINE": 2, "PERSISTENT": 1, "TAIL_WINDOW": 4, "TMA_STORE": 1},
-], ids=str)
-def test_tail_fine(extra: dict) -> None:
-    """The last quarter pieces at 32 and 16 rows (256-row blocks): every expert's
-    remainder size around the boundaries, against the reference."""
-    counts = [1, 16, 17, 33, 64, 65, 80, 0, 200, 273, 290, 300, 256, 336]
-    inputs = make_grouped_inputs(counts, 64, 64, "fp16", seed=5, device="cpu")
-    config = {"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64, "USE_TMA": 1, "BLOCK_TABLE": 1,
-              "TAIL_SPLIT": 2, **extra}
-    _check(inputs, _shape(counts, 64, 64), config, "fp16")
-
-
-@pytest.mark.parametrize("emu", [1, 2, 3, 4])
-def test_tail_emu_changes_only_the_tail_tiles(emu: int) -> None:
-    """TAIL_EMU (diag_grouped_tailcost.py's bound) leaves every row outside the table's
-    tail pieces exact, the whole blocks and a remainder run as one padded full-height
-    tile (the 250 rows of the fourth expert) included, and does change the tail rows:
-    a tail that multiplied its real data would make the bound no bound. TAIL_EMU=4
-    computes the first tile (expert 0's first 256 rows; N is one column tile) only."""
-    counts = [300, 17, 600, 250, 90]
-    inputs = make_grouped_inputs(counts, 64, 128, "fp16", seed=7, device="cpu")
-    shape = _shape(counts, 64, 128)
-    config = {"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64, "USE_TMA": 1, "BLOCK_TABLE": 1,
-              "TAIL_SPLIT": 2, "TAIL_FINE": 2, "SWAP_AB": 1, "TAIL_EMU": emu}
-    out = KERNEL.launcher(inputs, shape, config)().float()
-    ref = KERNEL.reference(inputs, shape)
-    offs = grouped_gemm.counts_to_offsets(counts)
-    exact = torch.zeros(shape["M"], dtype=torch.bool)
-    for lo, hi in zip(offs[:-1], offs[1:], strict=True):
-        rem = (hi - lo) % 256
-        exact[lo: hi - rem if rem <= 192 else hi] = True
-    if emu == 4:
-        exact[:] = False
-        exact[:256] = True
-    tol = KERNEL.tolerance("fp16", config)
-    torch.testing.assert_close(out[exact], ref[exact], atol=tol.atol, rtol=tol.rtol)
-    assert not torch.allclose(out[~exact], ref[~exact], atol=tol.atol, rtol=tol.rtol)
-    # A search never runs it.
-    assert "diagnostic" in KERNEL.check_config(config, shape, H100)
-
-
-def test_tail_fine_pruning() -> None:
-    seed = KERNEL.shapes["deepseek-v3-16b"]
-    fine = {"USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "BLOCK_M": 256, "TAIL_FINE": 2}
-    assert KERNEL.check_config(fine, seed, H100) is None
-    assert "TAIL_SPLIT=2" in KERNEL.check_config({**fine, "TAIL_SPLIT": 1}, seed, H100)
-    # The warp-specialized Gluon engine also shrinks a half-block tail (TAIL_SPLIT=1).
-    ws = {**fine, "GLUON": 3, "PERSISTENT": 1, "num_warps": 4, "BLOCK_M": 128, "BLOCK_N": 128}
-    hopper = dataclasses.replace(H100, has_wgmma=True)
-    if grouped_gemm._gluon_ws is not None:
-        assert KERNEL.check_config({**ws, "TAIL_SPLIT": 1}, seed, hopper) is None
-    assert "TAIL_SPLIT=1 or 2" in KERNEL.check_config({**ws, "TAIL_SPLIT": 0}, seed, hopper)
-    assert "USE_TMA" in KERNEL.check_config({**fine, "USE_TMA": 0}, seed, H100)
-    assert "below 16" in KERNEL.check_config({**fine, "BLOCK_M": 128}, seed, H100)
-    assert KERNEL.check_config({**fine, "BLOCK_M": 128, "TAIL_FINE": 1}, seed, H100) is None
-    assert "0, 1" in KERNEL.check_config({**fine, "TAIL_FINE": 3}, seed, H100)
-
-
-# The H200 pack's config (session 14).
-PACK_H200 = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-             "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2,
-             "BLOCK_TABLE": 1, "TAIL_WINDOW": 4}
+# A Triton TMA config of 256-row tiles (where SWAP_AB's n256 wgmma shows).
+TALL_TMA = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
+            "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 1}
 
 
 def moe_cpu_inputs() -> dict:
@@ -420,7 +320,7 @@ def moe_cpu_inputs() -> dict:
 
 # What a launch's meta may hold besides the kernel's own arguments: Triton's launch
 # options (and the AMD ones the launcher passes on ROCm).
-LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", *grouped_gemm._AMD_KWARGS}
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", *grouped_gemm.AMD_KWARGS}
 
 
 def unknown_meta(configs: list[dict]) -> list[tuple[str, str]]:
@@ -434,12 +334,12 @@ def unknown_meta(configs: list[dict]) -> list[tuple[str, str]]:
 
 
 def test_launch_meta_names_only_kernel_arguments() -> None:
-    """Every option a config sets reaches only kernels that take it (session 20: TALL,
-    the Gluon engine's, leaked into the Triton TMA kernel's launch and failed it on the
-    GPU while every interpreter test passed)."""
-    configs = [{}, {"PERSISTENT": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
-               {**PACK_H200, "SWAP_AB": 1, "TAIL_FINE": 2, "TMA_STORE": 1},
-               {**PACK_H200, "PERSISTENT": 1, "FLATTEN": 1}]
+    """Every option a config sets reaches only kernels that take it (an option of the
+    Gluon kernel that leaks into the Triton TMA kernel's launch fails it on the GPU while
+    every interpreter test passes)."""
+    configs = [{}, {"PERSISTENT": 1, "TAIL_SPLIT": 1, "TALL_TILE": 0},
+               {**TALL_TMA, "SWAP_AB": 1, "TMA_STORE": 1},
+               {**TALL_TMA, "PERSISTENT": 1, "TAIL_DEAL": 0}]
     assert unknown_meta(configs) == []
 
 
@@ -479,28 +379,25 @@ def wgmma_shapes(configs: list[dict]) -> list[list[str]]:
 
 def test_swap_ab_puts_the_rows_on_wgmmas_n(tmp_path: Path) -> None:
     """Compiled for sm_90 (no GPU needed; a fresh process and Triton cache, so the compile
-    runs and no interpreter state reaches it): with SWAP_AB the pack's 256-row tile is
-    m64n256k16, without it two m64n128k16 per warp group; TAIL_FINE adds n32 and n16."""
+    runs and no interpreter state reaches it): with SWAP_AB a 256-row tile is
+    m64n256k16, without it two m64n128k16 per warp group; its half tail n128."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
-    code = ("import json; from tests.test_grouped_gemm import PACK_H200, wgmma_shapes; "
-            "print(json.dumps(wgmma_shapes([PACK_H200, {**PACK_H200, 'SWAP_AB': 1}, "
-            "{**PACK_H200, 'SWAP_AB': 1, 'TAIL_FINE': 2}])))")
+    code = ("import json; from tests.test_grouped_gemm import TALL_TMA, wgmma_shapes; "
+            "print(json.dumps(wgmma_shapes([TALL_TMA, {**TALL_TMA, 'SWAP_AB': 1}])))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    plain, swapped, fine = json.loads(proc.stdout.strip().splitlines()[-1])
+    plain, swapped = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "m64n256k16" in swapped and "m64n256k16" not in plain
-    assert "m64n128k16" in plain
-    # TAIL_FINE's 32- and 16-row pieces, on wgmma's N side: no padding to 64 rows.
-    assert {"m64n32k16", "m64n16k16"} <= set(fine) and "m64n32k16" not in swapped
+    assert "m64n128k16" in plain and "m64n128k16" in swapped
 
 
 @pytest.mark.parametrize("use_tma,persistent,tma_store",
                          [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (1, 0, 1)])
 @pytest.mark.parametrize("n", [160, 224])
 def test_tail_split_halves(use_tma: int, persistent: int, tma_store: int, n: int) -> None:
-    """TAIL_SPLIT=1 (no table): with 64x128 tiles, experts whose last block holds <= 32
+    """TAIL_SPLIT=1: with 64x128 tiles, experts whose last block holds <= 32
     rows (1, 32, 97 rows) take the half-height path, 33 and 64 the full one; N = 160
     leaves a 32-wide last n-tile (the half-width path), N = 224 a 96-wide one (full,
     masked). An empty expert sits between them."""
@@ -517,114 +414,19 @@ def test_tail_split_halves(use_tma: int, persistent: int, tma_store: int, n: int
     assert out.shape == (sum(counts), n)
 
 
-def _table_reference(counts: list[int], bm: int, split: int, window: int = 0,
-                     fine: int = 0, tall: int = 0) -> list[tuple[int, int, int]]:
-    """(expert, first row, height) of every block the table should list, in order: expert
-    by expert, except the last ``window`` experts' blocks, which come after all others
-    ordered by class (full, half, quarter: tallest first), then by expert. With
-    ``fine``, an expert's smallest piece is the smallest of grain, grain/2, ...,
-    grain/2**fine rows that holds its real rows (it keeps its class's place). With
-    ``tall``, an expert's rows first go in tiles of 1.5 blocks, the last of them taking
-    a remainder of more than a block (class -1: before the full blocks)."""
-    grain, rows, out, last = bm >> split, 0, [], []
-    step = bm + bm // 2
-    for e, c in enumerate(counts):
-        n_tall = 0
-        if tall:
-            n_tall = c // step + (c % step > bm)
-        blocks = [(e, rows + i * step, step, -1) for i in range(n_tall)]
-        start = min(rows + n_tall * step, rows + c)
-        full, r = divmod(rows + c - start, bm)
-        blocks += [(e, start + i * bm, bm, 0) for i in range(full)]
-        u = -(-r // grain)
-        if u == 1 << split:
-            blocks.append((e, start + full * bm, bm, 0))
-        else:
-            pos = start + full * bm
-            for k in reversed(range(split)):
-                if u >> k & 1:
-                    height = grain << k
-                    if k == 0 and split:
-                        left = rows + c - pos
-                        while fine and height > grain >> fine and left <= height // 2:
-                            height //= 2
-                    blocks.append((e, pos, height, split - k))
-                    pos += grain << k
-        (last if e >= len(counts) - window else out).extend(blocks)
-        rows += c
-    # sorted() is stable: within a class, expert order and row order stay.
-    return [b[:3] for b in out + sorted(last, key=lambda blk: blk[3])]
-
-
-@pytest.mark.parametrize("split,window,fine,tall", [
-    (0, 0, 0, 0), (1, 0, 0, 0), (2, 0, 0, 0), (1, 5, 0, 0), (2, 6, 0, 0), (2, 14, 0, 0),
-    (2, 40, 0, 0), (2, 0, 1, 0), (2, 0, 2, 0), (2, 6, 2, 0), (1, 0, 1, 0), (1, 0, 2, 0),
-    (1, 5, 2, 0), (1, 0, 2, 1), (1, 6, 2, 1), (0, 0, 0, 1), (2, 0, 1, 1)])
-def test_block_table_contents(split: int, window: int, fine: int, tall: int) -> None:
-    """The table kernel's blocks against a plain-Python decomposition: full blocks, then
-    the remainder as halves/quarters (largest first), one full block when it needs all of
-    them; the last ``window`` experts' blocks by class; with TAIL_FINE the last quarter
-    piece at 1/8 or 1/16 of a block where its rows fit; -1 past the real blocks and the
-    real count after the four rows. Padding is under one grain (BLOCK_M >> TAIL_SPLIT
-    rows) per expert, or half a block with tall tiles (TALL_TILE: 1.5 blocks)."""
-    counts = [0, 1, 16, 17, 48, 49, 63, 64, 65, 0, 200, 128, 127, 0]
-    bm = 64
-    if fine:
-        # 256-row blocks: quarter pieces of 64 rows, fine ones of 32 and 16, around
-        # every boundary.
-        counts = [0, 1, 16, 17, 32, 33, 64, 65, 200, 256, 257, 272, 273, 290, 320, 321,
-                  336, 384, 400, 500, 0, 12]
-        bm = 256
-    inputs = make_grouped_inputs(counts, 32, 32, "fp32", seed=1, device="cpu")
-    config = {"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 32, "BLOCK_TABLE": 1,
-              "TAIL_SPLIT": split, "TAIL_WINDOW": window, "TAIL_FINE": fine,
-              "USE_TMA": int(fine > 0), "TALL_TILE": tall}
-    launches, _ = KERNEL._launches(inputs, config)
-    launches[0]()
-    table, nb = launches[0].args[1], launches[0].args[3]
-    want = _table_reference(counts, bm, split, window, fine, tall)
-    n = len(want)
-    heights = [bm + bm // 2 if h == grouped_gemm.TALL_CLASS else bm >> h
-               for h in table[3 * nb:3 * nb + n].tolist()]
-    got = list(zip(table[:n].tolist(), table[nb:nb + n].tolist(), heights, strict=True))
-    assert got == want
-    if window:
-        # The window reorders: the heights no longer run expert by expert.
-        assert want != _table_reference(counts, bm, split)
-    ends = grouped_gemm.counts_to_offsets(counts)[1:]
-    assert table[2 * nb:2 * nb + n].tolist() == [ends[e] for e, _, _ in want]
-    assert (table[n:nb] == -1).all() and int(table[4 * nb]) == n
-    rows = sum(h for _, _, h in want)
-    pad = max(bm >> split, bm // 2 if tall else 0)
-    assert rows - sum(counts) < pad * sum(1 for c in counts if c)
-    if tall:
-        # Tall tiles occur and leave fewer tiles (so fewer passes over W).
-        assert bm + bm // 2 in heights
-        assert n < len(_table_reference(counts, bm, split, window, fine))
-    if fine:
-        # Fine pieces occur, pad less, and add no piece.
-        coarse = _table_reference(counts, bm, split, window, 0, tall)
-        assert {bm >> (split + f) for f in range(1, fine + 1)} <= {h for _, _, h in want}
-        assert rows < sum(h for _, _, h in coarse) and len(want) == len(coarse)
-
-
-@pytest.mark.parametrize("use_tma,persistent,split,window", [
-    (0, 0, 0, 0), (0, 1, 1, 0), (1, 0, 2, 0), (1, 1, 0, 0), (0, 0, 2, 0), (1, 1, 2, 0),
-    (0, 0, 2, 3), (1, 0, 1, 7), (1, 1, 2, 2)])
-@pytest.mark.parametrize("group_m", [1, 4])
-def test_block_table(use_tma: int, persistent: int, split: int, window: int,
-                     group_m: int) -> None:
-    """BLOCK_TABLE: the first launch writes each virtual block's expert, rows and height;
-    empty experts first, in the middle and last, tails off the grid; TAIL_WINDOW's
-    reordered blocks. The table is refilled by every call: new routing in the same
-    offsets buffer, same launcher."""
+@pytest.mark.parametrize("use_tma,persistent,split", [
+    (0, 0, 0), (0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 1, 1)])
+def test_new_routing_in_the_same_offsets_buffer(use_tma: int, persistent: int,
+                                                split: int) -> None:
+    """Every call reads the offsets anew: the same launcher, new routing written into the
+    same offsets buffer (as a CUDA graph replays it), gives the new answer; empty experts
+    first, in the middle and last, tails off the grid."""
     counts = [0, 1, 70, 0, 33, 129, 0]
     shape = _shape(counts, 96, 64)
-    inputs = make_grouped_inputs(counts, 96, 64, "fp32", seed=group_m + 10 * use_tma,
+    inputs = make_grouped_inputs(counts, 96, 64, "fp32", seed=use_tma + 2 * persistent,
                                  device="cpu")
-    config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": group_m,
-              "BLOCK_TABLE": 1, "PERSISTENT": persistent, "USE_TMA": use_tma,
-              "TAIL_SPLIT": split, "TAIL_WINDOW": window}
+    config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4,
+              "PERSISTENT": persistent, "USE_TMA": use_tma, "TAIL_SPLIT": split}
     _check(inputs, shape, config, "fp32")
     fn = KERNEL.launcher(inputs, shape, config)
     moved = [17, 0, 100, 33, 0, 83, 0]  # same M, rows moved between experts
@@ -639,50 +441,34 @@ def test_tail_split_pruning() -> None:
     assert KERNEL.check_config(half, seed, H100) is None
     assert KERNEL.check_config({**half, "USE_TMA": 0}, seed, A100) is None
     assert "below 16" in KERNEL.check_config({**half, "BLOCK_M": 16}, seed, H100)
-    flat = {**half, "PERSISTENT": 1, "FLATTEN": 1}
-    assert "one tile shape" in KERNEL.check_config(flat, seed, H100)
-    quarters = {**half, "TAIL_SPLIT": 2}
-    assert "BLOCK_TABLE" in KERNEL.check_config(quarters, seed, H100)
-    assert KERNEL.check_config({**quarters, "BLOCK_TABLE": 1}, seed, H100) is None
-    assert "below 16" in KERNEL.check_config({**quarters, "BLOCK_TABLE": 1, "BLOCK_M": 32},
-                                             seed, H100)
-    assert "0, 1" in KERNEL.check_config({**half, "TAIL_SPLIT": 3}, seed, H100)
-    window = {**quarters, "BLOCK_TABLE": 1, "TAIL_WINDOW": 8}
-    assert KERNEL.check_config(window, seed, H100) is None
-    assert "needs BLOCK_TABLE=1" in KERNEL.check_config({**window, "TAIL_SPLIT": 0}, seed,
-                                                        H100)
-    assert "needs BLOCK_TABLE=1" in KERNEL.check_config({**half, "TAIL_WINDOW": 8}, seed,
-                                                        H100)
-    assert ">= 0" in KERNEL.check_config({**window, "TAIL_WINDOW": -1}, seed, H100)
+    assert "0 or 1" in KERNEL.check_config({**half, "TAIL_SPLIT": 2}, seed, H100)
 
 
-def test_warp_spec_pruning() -> None:
-    seed = KERNEL.shapes["deepseek-v3-16b"]
-    assert KERNEL.check_config({"USE_TMA": 1, "WARP_SPEC": 1}, seed, H100) is None
-    assert "USE_TMA" in KERNEL.check_config({"WARP_SPEC": 1}, seed, H100)
-    assert "NVIDIA" in KERNEL.check_config({"USE_TMA": 1, "WARP_SPEC": 1}, seed,
-                                           dataclasses.replace(MI300, has_tma=True))
-
-
-def test_flatten_and_tma_store_pruning() -> None:
+def test_tma_store_pruning() -> None:
     seed = KERNEL.shapes["deepseek-v3-16b"]
     tma = {"USE_TMA": 1, "PERSISTENT": 1}
-    assert KERNEL.check_config({**tma, "FLATTEN": 1}, seed, H100) is None
-    assert "PERSISTENT" in KERNEL.check_config({"USE_TMA": 1, "FLATTEN": 1}, seed, H100)
-    assert "USE_TMA" in KERNEL.check_config({"PERSISTENT": 1, "FLATTEN": 1}, seed, H100)
+    assert KERNEL.check_config({**tma, "TMA_STORE": 1}, seed, H100) is None
     assert "USE_TMA" in KERNEL.check_config({"TMA_STORE": 1}, seed, H100)
     assert "16-byte" in KERNEL.check_config({**tma, "TMA_STORE": 1}, {**seed, "N": 1412}, H100)
-    # Both at once do not compile on Triton 3.6 (pruned there); the interpreter runs them.
-    both = KERNEL.check_config({**tma, "FLATTEN": 1, "TMA_STORE": 1}, seed, H100)
-    assert (both is not None) == grouped_gemm._FLATTEN_STORE_BROKEN
-    assert KERNEL.check_config({**tma, "FLATTEN": 1, "TMA_STORE": 1}, seed, CPU) is None
     # 128x256 tiles, 64-deep K, 4 stages: 192 KiB of pipeline fits alone, not with the
-    # 64 KiB tile a TMA store (or a flattened loop's epilogue) keeps beside it.
+    # 64 KiB tile a TMA store keeps beside it.
     big = {**tma, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4,
            "num_warps": 8}
     assert KERNEL.check_config(big, seed, H100) is None
     assert "shared memory" in KERNEL.check_config({**big, "TMA_STORE": 1}, seed, H100)
-    assert "shared memory" in KERNEL.check_config({**big, "FLATTEN": 1}, seed, H100)
+
+
+@pytest.mark.parametrize("name", sorted(constraints.RETIRED))
+def test_retired_tunables_only_at_their_value(name: str) -> None:
+    """A tunable of an earlier version of the kernel (an old pack entry or experiment
+    may hold it) is accepted at the value the kernel always runs now, and refused by
+    name at any other; neither the default config nor the shipped space has it."""
+    seed = KERNEL.shapes["deepseek-v3-16b"]
+    value = constraints.RETIRED[name]
+    assert KERNEL.check_config({name: value}, seed, H100) is None
+    assert f"{name} is retired" in KERNEL.check_config({name: value + 1}, seed, H100)
+    assert name not in KERNEL.default_config
+    assert name not in spaces.resolve([spaces.load_raw("grouped_gemm")], "nvidia", "H200")
 
 
 def test_tma_rejects_unaligned_layout() -> None:
@@ -723,10 +509,8 @@ GPU_CONFIGS = [
      "num_stages": 3, "PERSISTENT": 0},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8,
      "num_stages": 4, "PERSISTENT": 1, "TAIL_SPLIT": 1},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4,
-     "num_stages": 3, "PERSISTENT": 0, "BLOCK_TABLE": 1},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
-     "num_stages": 3, "PERSISTENT": 0, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
+     "num_stages": 3, "PERSISTENT": 0, "TAIL_SPLIT": 1},
 ]  # fmt: skip
 
 
@@ -773,11 +557,7 @@ TMA_CONFIGS = [
     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4,
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
-     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "FLATTEN": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
      "num_stages": 5, "PERSISTENT": 1, "USE_TMA": 1, "TMA_STORE": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "FLATTEN": 1},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "TMA_STORE": 1},
     # Half tiles: 1408 = 5 x 256 + 128 (the last n-tile half-width); 256-row blocks leave
@@ -788,33 +568,15 @@ TMA_CONFIGS = [
      "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 1},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
      "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 1},
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 1, "BLOCK_TABLE": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
-     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "BLOCK_TABLE": 1, "TMA_STORE": 1},
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
-     "TMA_STORE": 1},
-    # The last experts' blocks by height (the H200 pack's config, session 14), and with
-    # every expert in the window.
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
-     "TAIL_WINDOW": 8},
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 1, "BLOCK_TABLE": 1,
-     "TAIL_WINDOW": 64, "WARP_SPEC": 1},
-    # Tiles computed transposed (session 16): the pack's config, with the TMA store and
-    # 3 stages, and persistent with warp specialization.
-    {**PACK_H200, "SWAP_AB": 1},
-    {**PACK_H200, "SWAP_AB": 1, "TMA_STORE": 1, "num_stages": 3},
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "TAIL_SPLIT": 2, "BLOCK_TABLE": 1,
-     "WARP_SPEC": 1, "SWAP_AB": 1},
-    # Fine quarter pieces (session 16), transposed or not.
-    {**PACK_H200, "SWAP_AB": 1, "TAIL_FINE": 2, "TMA_STORE": 1, "num_stages": 3},
-    {**PACK_H200, "TAIL_FINE": 1},
+    # Tiles computed transposed, with the TMA store and 3 stages, and persistent.
+    {**TALL_TMA, "SWAP_AB": 1},
+    {**TALL_TMA, "SWAP_AB": 1, "TMA_STORE": 1, "num_stages": 3},
+    {**TALL_TMA, "PERSISTENT": 1, "GROUP_M": 8, "SWAP_AB": 1},
+    # The H200 pack's small-M configs (M = 128 and 3,072).
+    {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 4, "USE_TMA": 1},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 4, "USE_TMA": 1},
 ]  # fmt: skip
 
 
@@ -841,15 +603,10 @@ def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("extra", [{}, {"FLATTEN": 1}, {"TMA_STORE": 1}, {"WARP_SPEC": 1},
-                                   {"WARP_SPEC": 1, "PERSISTENT": 0},
-                                   {"TAIL_SPLIT": 1, "PERSISTENT": 0},
-                                   {"BLOCK_TABLE": 1}, {"BLOCK_TABLE": 1, "PERSISTENT": 0},
-                                   {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "PERSISTENT": 0},
-                                   {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "PERSISTENT": 0,
-                                    "SWAP_AB": 1},
-                                   {"BLOCK_TABLE": 1, "TAIL_SPLIT": 2, "BLOCK_M": 256,
-                                    "TAIL_FINE": 2, "SWAP_AB": 1}],
+@pytest.mark.parametrize("extra", [{}, {"TMA_STORE": 1}, {"TAIL_SPLIT": 1, "PERSISTENT": 0},
+                                   {"TAIL_SPLIT": 1, "SWAP_AB": 1},
+                                   {"TAIL_SPLIT": 1, "BLOCK_M": 256, "SWAP_AB": 1,
+                                    "PERSISTENT": 0}],
                          ids=str)
 def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> None:
     counts = [0, 3000, 1, 0, 777, 12000, 0, 129] * 8
@@ -859,7 +616,7 @@ def test_gpu_tma_empty_experts_and_compile_only(device: str, extra: dict) -> Non
     out = KERNEL.launcher(inputs, shape, config)()
     torch.testing.assert_close(out.float(), KERNEL.reference(inputs, shape), atol=2e-2, rtol=2e-2)
     meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-    KERNEL.compile_only(meta, shape, {**config, "PERSISTENT": 0, "FLATTEN": 0})
+    KERNEL.compile_only(meta, shape, {**config, "PERSISTENT": 0})
 
 
 @pytest.mark.gpu
@@ -917,9 +674,9 @@ def test_gpu_baselines(device: str, m: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("use_tma", [0, 1])
-def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int) -> None:
-    """The block table's two launches capture into a CUDA graph (what MoE serving does);
-    a replay after the routing changed in the same offsets buffer gives the new answer."""
+def test_gpu_in_a_cuda_graph(device: str, use_tma: int) -> None:
+    """The launch captures into a CUDA graph (what MoE serving does); a replay after the
+    routing changed in the same offsets buffer gives the new answer."""
     from harness import hardware
 
     if use_tma and not hardware.current_device().has_tma:
@@ -929,7 +686,7 @@ def test_gpu_block_table_in_a_cuda_graph(device: str, use_tma: int) -> None:
     shape = _shape(counts, 1408, 2048)
     inputs = make_grouped_inputs(counts, 1408, 2048, "bf16", seed=5, device=device)
     config = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
-              "USE_TMA": use_tma, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2}
+              "USE_TMA": use_tma, "TAIL_SPLIT": 1}
     fn = KERNEL.launcher(inputs, shape, config)
     fn()  # compiled outside the capture
     torch.cuda.synchronize()
