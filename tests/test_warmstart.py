@@ -66,20 +66,18 @@ def test_a_fresh_study_tries_the_seeds_first(tmp_path: Path) -> None:
 
 def test_a_pack_frozen_before_a_tunable_existed_still_seeds_and_is_the_incumbent(
         tmp_path: Path) -> None:
-    """A pack entry without a key the kernel gained later (TAIL_WINDOW, session 14) runs
-    with that key's default; warm start and the re-tune's incumbent see it so, not as a
-    config outside the space (which dropped the H200 pack's incumbent from a re-tune)."""
+    """A pack entry without a key the kernel gained later (here SWAP_AB) runs with that
+    key's default; warm start and the re-tune's incumbent see it so, not as a config
+    outside the space (which would drop the pack's incumbent from a re-tune)."""
     gg = kernel_api.get("grouped_gemm")
     shape = {"M": 49152, "N": 1408, "K": 2048, "E": 64}
     old = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-           "num_stages": 4, "USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2}
+           "num_stages": 4, "USE_TMA": 1, "TAIL_SPLIT": 1}
     root = tmp_path / "packs"
     packfmt.freeze(root, "H100", "grouped_gemm", "bf16", {gg.shape_key(shape): {
         "config": old, "metrics": {"latency_ms": 0.5}, "provenance": {}}})
-    space = {"BLOCK_M": [128, 256], "BLOCK_TABLE": [0, 1], "TAIL_SPLIT": [0, 2],
-             "TAIL_WINDOW": [0, 8]}
+    space = {"BLOCK_M": [128, 256], "TAIL_SPLIT": [0, 1], "SWAP_AB": [0, 1]}
     seeds = seeds_from_packs(root, gg, "bf16", "H100", shape, space, spec_for_key("H100"))
-    assert [c for c, _ in seeds] == [{"BLOCK_M": 256, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2,
-                                      "TAIL_WINDOW": 0}]
+    assert [c for c, _ in seeds] == [{"BLOCK_M": 256, "TAIL_SPLIT": 1, "SWAP_AB": 0}]
     held = incumbent(root, gg, "bf16", "H100", shape)
-    assert held == {**gg.default_config, **old} and held["TAIL_WINDOW"] == 0
+    assert held == {**gg.default_config, **old} and held["SWAP_AB"] == 0
