@@ -1,0 +1,1 @@
+python3 -m harness run configs/grouped_gemm_moe.yaml --set 'shapes=[{M: 49152, N: 1408, K: 2048, E: 64}]' --set search.seed_from_packs=false --set search.timeout_s=230 --set output.packs_dir=/root/out/packs --set output.runs_dir=/root/out/runs --json
