@@ -21,9 +21,7 @@ partial block), ``balanced`` (768 rows per expert: no partial block, a batched G
 ``--configs`` is a JSON object ``{"name": {config}, ...}``, or a file this program wrote
 (its ``configs``: a committed study runs again as it ran); each config is laid over the
 kernel's default config. The pack's entry for this GPU is always included, and
-``torch._grouped_mm`` where this torch has it. Diagnostic knobs that searches never run
-(``TAIL_EMU``: 1 the tails stream no W, 2 nothing, 3 skipped) can be passed here. Needs an
-NVIDIA GPU.
+``torch._grouped_mm`` where this torch has it. Needs an NVIDIA GPU.
 """
 
 from __future__ import annotations

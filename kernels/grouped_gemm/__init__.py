@@ -35,6 +35,7 @@ from harness.kernel_api import (
     Launches,
     Shape,
     Tolerance,
+    Tunable,
 )
 
 from . import constraints
@@ -136,6 +137,12 @@ class GroupedGemm(Launches, Kernel):
         "SWAP_AB": 0,
         "TALL_TILE": 0,
         "TAIL_DEAL": 0,
+    }
+    # The engines by number, and the retired tunables at the one value they still take (an
+    # old pack entry or experiment file may name them).
+    tunables: ClassVar[dict[str, Tunable]] = {
+        "GLUON": Tunable("int", constraints.GLUON_ENGINES),
+        **{name: Tunable("int", (value,)) for name, value in constraints.RETIRED.items()},
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
