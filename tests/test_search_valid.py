@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Hardware every space is resolved for: NVIDIA with and without TMA, AMD, the interpreter.
 HARDWARE = ("H200", "H100", "A100", "V710", "cpu")
 MAX_ASKS_PER_CONFIG = 2.0
+#: Shapes tried besides each family's named ones: a decode step through a matmul.
+EXTRA_SHAPES = {"matmul": {"decode-16": {"M": 16, "N": 4096, "K": 4096}}}
 
 
 def _ok(config: dict) -> TrialResult:
@@ -54,7 +56,7 @@ def _tune(search: Search, in_flight: int = 2) -> tuple[int, int]:
 
 
 def _shapes(kernel: str, hw: str) -> dict[str, dict]:
-    shapes = dict(kernel_api.get(kernel).shapes)
+    shapes = {**kernel_api.get(kernel).shapes, **EXTRA_SHAPES.get(kernel, {})}
     if hw == "cpu":
         return {k: v for k, v in shapes.items() if k == "test"} or shapes
     return {k: v for k, v in shapes.items() if k != "test"} or shapes
@@ -84,12 +86,12 @@ def test_grouped_gemm_space_yields_at_most_two_asks_per_valid_config(hw: str,
 @pytest.mark.slow
 def test_every_shipped_space_yields_at_most_two_asks_per_measured_config(capsys) -> None:
     """Every kernel family, its shipped space for each hardware key, at its named shapes,
-    tuned by TPE and by random search: the asks per measured config (printed: ``-s``)."""
+    tuned by TPE, random search and the grid: the asks per measured config (printed)."""
     rows, worst = [], 0.0
     for kernel in sorted(kernel_api.BUILTIN):
         for hw in _space_hardware(kernel):
             for shape_name, shape in _shapes(kernel, hw).items():
-                for sampler in ("tpe", "random"):
+                for sampler in ("tpe", "random", "grid"):
                     search = _study(kernel, hw, shape, sampler, trials=10)
                     asks, measured = _tune(search)
                     ratio = asks / measured if measured else float("nan")
@@ -168,3 +170,31 @@ def test_a_space_without_a_valid_config_says_why_and_asks_nothing() -> None:
     assert s.no_valid and "no config of the 4 passes" in s.no_valid
     assert "BLOCK_M=64 > next_pow2(M)=16" in s.no_valid
     assert s.attr("stopped") == s.no_valid
+
+
+@pytest.mark.parametrize("sampler", ["random", "grid", "tpe"])
+def test_a_large_sparse_space_is_used_up_and_one_without_valid_configs_says_so(
+        sampler: str) -> None:
+    """A space too large to check in full (6^5 configs): three valid ones are measured,
+    then the study ends; with none valid, it ends at its first ask, saying why."""
+    space = {f"P{i}": list(range(6)) for i in range(5)}
+    assert ValidSpace(space, lambda c: None).exact is False
+    valid = [{**dict.fromkeys(space, 0), "P0": v} for v in (1, 3, 5)]
+    spec = StudySpec("t", "matmul", {"M": 64, "N": 64, "K": 64}, "bf16", "cpu")
+
+    def check(config: dict) -> str | None:
+        return None if dict(config) in valid else f"P0={config['P0']}: not this one"
+
+    s = Search(spec, space, spec_for_key("cpu"),
+               SearchSettings(sampler=sampler, trials=10, seed_from_packs=False),
+               optuna.storages.InMemoryStorage(), seed=0, n_parallel=1, check=check,
+               default_config={})
+    asks, measured = _tune(s, in_flight=1)
+    assert measured == 3 and asks <= 2 * measured and s.exhausted and s.no_valid is None
+    s = Search(spec, space, spec_for_key("cpu"),
+               SearchSettings(sampler=sampler, trials=10, seed_from_packs=False),
+               optuna.storages.InMemoryStorage(), seed=0, n_parallel=1,
+               check=lambda c: "never", default_config={})
+    assert s.ask() is None and s.measured == 0
+    assert s.no_valid.startswith("no valid config among the 7776 of 7776 checked: never")
+    assert s.not_tuned() == s.no_valid

@@ -106,15 +106,19 @@ class Search:
                 self._pruned.add(key)
         if fresh and self.settings.warm_start:
             default = {k: v for k, v in self.default_config.items() if k in self.space}
-            missing = set(self.space) - set(default)
-            # Only enqueue when the default is a point of this space.
-            if not missing and all(default[k] in self.space[k] for k in default):
+            # Only enqueue the default where it is a valid point of this space.
+            if self._valid_point(default):
                 self.study.enqueue_trial(default)
         if fresh and self._seeds:
             for config, _ in self._seeds:
-                self.study.enqueue_trial(dict(config), skip_if_exists=True)
+                if self._valid_point(config):
+                    self.study.enqueue_trial(dict(config), skip_if_exists=True)
             self.study.set_user_attr("warm_start_seeds",
                                      [{"config": c, "from": w} for c, w in self._seeds])
+
+    def _valid_point(self, config: Mapping[str, Any]) -> bool:
+        idx = self.valid.index(config) if set(config) == set(self.space) else None
+        return idx is not None and self.valid.reason(idx) is None
 
     def _finish_left_running(self, t: optuna.trial.FrozenTrial) -> optuna.trial.FrozenTrial:
         storage, tid = self.study._storage, t._trial_id

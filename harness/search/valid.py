@@ -143,8 +143,13 @@ class ValidSpace:
         return None
 
     def why_none_found(self) -> str:
-        return (summarize_reasons(self.rejected, self.size) if self.rejected
-                else f"no valid config found among {self.size}")
+        """Why draws found no valid config (a large space: checked in part)."""
+        if self.exact:
+            return summarize_reasons(self.rejected, self.size)
+        checked = len(self._reasons)
+        parts = [f"{why} ({n} configs)" for why, n in self.rejected.most_common(2)]
+        return (f"no valid config among the {checked} of {self.size} checked: "
+                + "; ".join(parts))
 
     # -- drawing ---------------------------------------------------------------------
     def next_in_grid(self, seen: set[Index]) -> Index | None:
