@@ -41,7 +41,7 @@ from harness import packs  # noqa: E402
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs  # noqa: E402
 
 SHAPE = GroupedGemm.shapes["deepseek-v3-16b"]
-DENSE = "dense cuBLAS (same FLOPs, not the same result)"
+DENSE = "bound: dense cuBLAS GEMM of the same FLOPs (not the same result)"
 
 
 def uniform_counts(M: int, E: int, seed: int) -> list[int]:

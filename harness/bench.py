@@ -84,6 +84,10 @@ def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
     fam = kernel_api.get(case.kernel)
     shape = fam.shapes[case.shape_name]
     hit = packs.lookup_entry(fam.name, case.dtype, hw, **shape)
+    full = _full_precision(case.dtype)
+    precision = {"tuned": fam.precision(hit.config, case.dtype),
+                 "default config": fam.precision(fam.default_config, case.dtype),
+                 "eager": full, "torch.compile": full}
     variants: list[tuple[str, str, Callable[[], TrialResult]]] = [
         ("tuned", f"pack {hit.source}" + (f" ({hit.shape_key})" if hit.source == "nearest"
                                           else ""),
@@ -109,6 +113,7 @@ def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
             (lambda: measurer.measure_fn(fam, shape, case.dtype, seed, make_compiled))
             if warm.ok else (lambda: warm))))
     for name, make in _extra_baselines(fam).items():
+        precision[name] = _baseline_precision(name, case.dtype)
         variants.append((name, "", lambda make=make: measurer.measure_fn(
             fam, shape, case.dtype, seed, make, peaks)))
     results: dict[str, list[TrialResult]] = {name: [] for name, _, _ in variants}
@@ -120,8 +125,13 @@ def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
     for name, note, _ in variants:
         row = _row(name, combined[name], note)
         row["round_ms"] = combined[name].extra.get("round_ms", [])
+        row["precision"] = precision[name]
+        # Each row's roofline from the matmul peak of its own precision; a bound row
+        # computes another problem, so it has none.
+        row["roofline_ms"] = (math.nan if name.startswith(BOUND) else
+                              roofline_ms(fam, shape, case.dtype, peaks, precision[name]))
         rows.append(row)
-    bound = roofline_ms(fam, shape, case.dtype, peaks)
+    bound = roofline_ms(fam, shape, case.dtype, peaks, precision["tuned"])
     tuned = combined["tuned"]
     tuned_ms = tuned.latency_ms if tuned.ok else math.nan
     for r in rows:
@@ -131,6 +141,24 @@ def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
             "dtype": case.dtype, "pack_config": hit.config, "pack_source": hit.source,
             "roofline_ms": bound, "flops": fam.flops(shape), "rounds": max(1, rounds),
             "bytes": fam.bytes_moved(shape, case.dtype), "rows": rows}
+
+
+#: A baseline named so is a bound (another problem of the same size), not a library a
+#: user could call instead: no roofline, and the tables say so.
+BOUND = "bound: "
+
+
+def _full_precision(dtype: str) -> str:
+    """What the case's dtype computes in at full precision (fp32: IEEE, TF32 off)."""
+    return "ieee fp32" if dtype == "fp32" else dtype
+
+
+def _baseline_precision(name: str, dtype: str) -> str:
+    """A library baseline's precision, as its name states it (``torch.bmm tf32``)."""
+    for label in ("tf32x3", "tf32", "fp16", "bf16"):
+        if label in name.split():
+            return label
+    return _full_precision(dtype)
 
 
 def _extra_baselines(fam: kernel_api.Kernel) -> dict[str, Callable[[dict, dict], Callable]]:
@@ -187,16 +215,22 @@ def markdown(report: dict[str, Any]) -> str:
             f"roofline bound {_fmt(c['roofline_ms'], '.4g')} ms; pack config ({c['pack_source']}): "
             f"`{json.dumps(c['pack_config'], sort_keys=True)}`",
             "",
-            "| variant | median ms | p20-p80 ms | tuned is faster by | % roofline "
+            "| variant | precision | median ms | p20-p80 ms | tuned is faster by | % roofline "
             "| max abs err | note |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in c["rows"]:
+            prec = r.get("precision", "-")
+            # A row computing in less than the case's dtype says so in its name too, so that
+            # an fp32 row is never a tf32 (or fp16-state) one in disguise.
+            label = r["variant"] if prec in ("-", _full_precision(c["dtype"])) \
+                or r["variant"].startswith(BOUND) else f"{r['variant']} ({prec})"
             if not r["ok"]:
-                lines.append(f"| {r['variant']} | failed | | | | | {r['reason'][:120]} |")
+                lines.append(f"| {label} | {prec} | failed | | | | | "
+                             f"{r['reason'][:120]} |")
                 continue
-            roof = (c["roofline_ms"] / r["median_ms"] * 100
-                    if c["roofline_ms"] == c["roofline_ms"] else math.nan)
+            bound = r.get("roofline_ms", c["roofline_ms"])
+            roof = bound / r["median_ms"] * 100 if bound == bound else math.nan
             rms = r.get("round_ms") or []
             note = "; ".join(x for x in (
                 r["note"],
@@ -204,7 +238,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"SM {r['sm_clock_mhz']:.0f} MHz" if r.get("sm_clock_mhz") else "")
                 if x)
             lines.append(
-                f"| {r['variant']} | {_fmt(r['median_ms'], '.4g')} | "
+                f"| {label} | {prec} | {_fmt(r['median_ms'], '.4g')} | "
                 f"{_fmt(r['p20_ms'], '.4g')}-{_fmt(r['p80_ms'], '.4g')} | "
                 f"{_fmt(r['tuned_speedup'], '.2f')}x | {_fmt(roof, '.0f')} | "
                 f"{_fmt(r['max_abs_err'], '.2g')} | {note} |")

@@ -47,6 +47,13 @@ class Tolerance:
     rtol: float
 
 
+#: The measured matmul peak (``device_peaks``' ``<name>_tflops``) and the work factor of
+#: each precision label: tf32x3 runs three tf32 products for one.
+PRECISION_PEAK: dict[str, tuple[str, int]] = {
+    "ieee fp32": ("fp32", 1), "tf32": ("tf32", 1), "tf32x3": ("tf32", 3),
+    "bf16": ("bf16", 1), "fp16": ("fp16", 1),
+}
+
 #: The value types a tunable may have (a config is JSON: no other types survive a pack).
 TUNABLE_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -176,6 +183,13 @@ class Kernel(ABC):
         """Which matmul peak bounds this kernel (``bf16``/``fp16``/``fp32``), or None
         when it has no matrix work and only the copy bandwidth applies."""
         return dtype
+
+    def precision(self, config: Config, dtype: str) -> str:
+        """What ``config`` computes in, for ``dtype`` inputs: the label packs record and
+        tables show (``ieee fp32``, ``tf32x3``, ``tf32``, ``fp16 state``, ``bf16``, ...).
+        Its matmul peak bounds the roofline where ``PRECISION_PEAK`` names one. A family
+        whose tunables trade accuracy for speed says which configs do."""
+        return "ieee fp32" if dtype == "fp32" else dtype
 
     # -- accuracy and validity --------------------------------------------------------
     def tolerance(self, dtype: str, config: Config) -> Tolerance:

@@ -19,7 +19,7 @@ from typing import Any
 
 from harness import hardware
 from harness.accuracy import RefPrep, compare, prepare_reference
-from harness.kernel_api import Config, DeviceSpec, Kernel, Shape
+from harness.kernel_api import PRECISION_PEAK, Config, DeviceSpec, Kernel, Shape
 
 #: Substrings of errors after which the CUDA context cannot be trusted again.
 _FATAL_MARKERS = (
@@ -176,7 +176,8 @@ def _peaks_path(spec: DeviceSpec) -> Path:
 
 def device_peaks(spec: DeviceSpec | None = None) -> dict[str, float]:
     """Measured ceilings of this device, cached on disk: copy bandwidth (GB/s, bytes read
-    plus written) and dense matmul rates (TFLOP/s) for bf16, fp16 and fp32 (no tf32).
+    plus written) and dense matmul rates (TFLOP/s) for bf16, fp16, fp32 (TF32 off) and
+    tf32 (fp32 operands on TF32 tensor cores).
     Medians of 50 ms of runs each: a fresh worker measures them while it starts (about
     half a second on an H200), and they only scale the roofline column."""
     spec = spec or hardware.current_device()
@@ -184,7 +185,9 @@ def device_peaks(spec: DeviceSpec | None = None) -> dict[str, float]:
         return {}
     path = _peaks_path(spec)
     if path.is_file():
-        return json.loads(path.read_text())
+        cached = json.loads(path.read_text())
+        if "tf32_tflops" in cached:  # caches from before the tf32 peak are measured again
+            return cached
     import torch
     from triton.testing import do_bench
 
@@ -196,10 +199,10 @@ def device_peaks(spec: DeviceSpec | None = None) -> dict[str, float]:
     peaks["copy_gbps"] = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
     src = dst = None  # free the buffer before the matmuls
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
     try:
         for name, dt, size in (("bf16", torch.bfloat16, 8192), ("fp16", torch.float16, 8192),
-                               ("fp32", torch.float32, 4096)):
+                               ("fp32", torch.float32, 4096), ("tf32", torch.float32, 8192)):
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
             a = torch.randn(size, size, device="cuda", dtype=dt)
             b = torch.randn(size, size, device="cuda", dtype=dt)
             ms = do_bench(lambda a=a, b=b: a @ b, warmup=10, rep=50, return_mode="median")
@@ -211,15 +214,28 @@ def device_peaks(spec: DeviceSpec | None = None) -> dict[str, float]:
     return peaks
 
 
-def roofline_ms(kernel: Kernel, shape: Shape, dtype: str, peaks: Mapping[str, float]) -> float:
-    """The lower bound on latency from the measured ceilings (NaN where unknown)."""
+def peak_tflops(kernel: Kernel, dtype: str, peaks: Mapping[str, float],
+                precision: str | None = None) -> float | None:
+    """The matmul rate that bounds ``kernel``: that of the precision its config computes
+    in (``Kernel.precision``: tf32 configs by the tf32 peak, tf32x3 by a third of it), else
+    of its ``compute_dtype``; None where it has no matrix work or the peak is unknown."""
+    cdt = kernel.compute_dtype(dtype)
+    if cdt is None:
+        return None
+    name, work = PRECISION_PEAK.get(precision or "", (cdt, 1))
+    rate = peaks.get(f"{name}_tflops")
+    return rate / work if rate else None
+
+
+def roofline_ms(kernel: Kernel, shape: Shape, dtype: str, peaks: Mapping[str, float],
+                precision: str | None = None) -> float:
+    """The lower bound on latency from the measured ceilings (NaN where unknown), with the
+    matmul peak of ``precision`` (see ``peak_tflops``)."""
     if not peaks:
         return math.nan
     t_bytes = kernel.bytes_moved(shape, dtype) / (peaks["copy_gbps"] * 1e9)
-    cdt = kernel.compute_dtype(dtype)
-    t_flops = 0.0
-    if cdt is not None and f"{cdt}_tflops" in peaks:
-        t_flops = kernel.flops(shape) / (peaks[f"{cdt}_tflops"] * 1e12)
+    rate = peak_tflops(kernel, dtype, peaks, precision)
+    t_flops = kernel.flops(shape) / (rate * 1e12) if rate else 0.0
     return max(t_bytes, t_flops) * 1e3
 
 
@@ -392,7 +408,8 @@ class Measurer:
             for k in ("max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2"):
                 setattr(res, k, acc.get(k, math.nan))
             return res
-        res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks)
+        res = self._result(kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks,
+                           kernel.precision(config, dtype))
         res.timing_s = timing_s
         res.extra.update(check_s=check_s, **first, **state)
         return res
@@ -436,8 +453,9 @@ class Measurer:
         res.timing_s = timing_s
         return res
 
-    def _result(self, kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks):
-        bound = roofline_ms(kernel, shape, dtype, peaks or {})
+    def _result(self, kernel, shape, dtype, p20, p50, p80, timer, acc, compile_s, peaks,
+                precision=None):
+        bound = roofline_ms(kernel, shape, dtype, peaks or {}, precision)
         return TrialResult(
             ok=True,
             latency_ms=p50,

@@ -973,6 +973,12 @@ def _freeze(exp, studies: list[StudyState], tracker: Tracker, parent: str) -> li
             continue
         config, metrics = out
         w = st.worker
+        fam = kernel_api.get(st.spec.kernel)
+        tol = fam.tolerance(st.spec.dtype, config)
+        # The bound the entry met: the family's tolerance, and the experiment's own where set.
+        bound = {"atol": tol.atol, "rtol": tol.rtol, **{
+            k: getattr(exp.search, k) for k in ("max_abs_err", "max_rel_err")
+            if getattr(exp.search, k) is not None}}
         groups.setdefault((st.spec.hardware, st.spec.kernel, st.spec.dtype), {})[
             st.spec.shape_key] = {
             "config": config,
@@ -982,6 +988,7 @@ def _freeze(exp, studies: list[StudyState], tracker: Tracker, parent: str) -> li
                 "cuda": w["cuda"], "date": now, "mlflow_run_id": st.run_id,
                 "experiment": exp.name, "git_sha": git_sha(),
                 "interpreted": w["interpreted"], "trials": st.search.counts(),
+                "precision": fam.precision(config, st.spec.dtype), "accuracy_bound": bound,
             },
         }
         why = {"winner_reason": st.final[1]} if st.final else {}

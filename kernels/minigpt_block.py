@@ -479,6 +479,12 @@ class MiniGPTBlock(Kernel):
         return "fp16"
 
     # -- accuracy and validity --------------------------------------------------------
+    def precision(self, config: Config, dtype: str) -> str:
+        """PRECISION=fp32: ieee fp32 GEMMs and attention (TF32 off); fp16: fp16 operands with
+        fp32 accumulation."""
+        return "fp16" if str({**self.default_config, **config}["PRECISION"]) == "fp16" \
+            else "ieee fp32"
+
     def tolerance(self, dtype: str, config: Config) -> Tolerance:
         """fp32 configs: atol 1e-3 (the public write-up's bound), with little relative
         slack (outputs are O(1), up to ~6). fp16 configs: atol 1e-2 -- the branch outputs

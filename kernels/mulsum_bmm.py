@@ -277,6 +277,16 @@ class _BmmPattern(Kernel):
     def tolerance(self, dtype: str, config: Config) -> Tolerance:
         return _TF32_TOL if _is_tf32({**self.default_config, **config}) else _FP32_TOL
 
+    def precision(self, config: Config, dtype: str) -> str:
+        """The Triton kernel's INPUT_PRECISION (ieee, tf32, tf32x3), torch.bmm's tf32 or
+        ieee fp32, and the broadcast sums' ieee fp32."""
+        cfg = {**self.default_config, **config}
+        if _is_tf32(cfg):
+            return "tf32"
+        if cfg["IMPL"] == "triton" and cfg["INPUT_PRECISION"] == "tf32x3":
+            return "tf32x3"
+        return "ieee fp32"
+
     def check_config(self, config: Config, shape: Shape, device: DeviceSpec) -> str | None:
         cfg = {**self.default_config, **config}
         s = self.validate_shape(shape)

@@ -285,6 +285,12 @@ class SelectiveScan(Kernel):
     def compute_dtype(self, dtype: str) -> str | None:
         return None  # no matrix work: bound by bandwidth and the serial recurrence
 
+    def precision(self, config: Config, dtype: str) -> str:
+        """The inputs' dtype, with ``fp16 state`` where the carried h is rounded to fp16."""
+        base = "ieee fp32" if dtype == "fp32" else dtype
+        state = {**self.default_config, **config}.get("STATE_DTYPE", "fp32")
+        return f"{base}, fp16 state" if _state_fp16(state) else base
+
     def tolerance(self, dtype: str, config: Config) -> Tolerance:
         cfg = {**self.default_config, **config}
         tol = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 1e-2)}.get(

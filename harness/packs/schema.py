@@ -45,6 +45,8 @@ class Provenance(_Model):
     torch: StrictStr = Field(default=None)  # type: ignore[assignment]
     device_name: StrictStr = Field(default=None)  # type: ignore[assignment]
     date: StrictStr = Field(default=None)  # type: ignore[assignment]
+    # What the config computes in (``Kernel.precision``: ieee fp32, tf32x3, tf32, ...).
+    precision: StrictStr = Field(default=None)  # type: ignore[assignment]
 
 
 class Metrics(_Model):
