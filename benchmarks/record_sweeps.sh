@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Record the exhaustive sweeps of the replay benchmark (harness/replay.py) on this GPU box:
+# Record the exhaustive sweeps of the replay benchmark (harness/search/replay.py) on this GPU box:
 # every sweep experiment runs against one `ray start --head` (each run joins it through
 # RAY_ADDRESS), within BUDGET_S seconds (default 300), then every study is exported to
 # $OUT/replay/<HW>/<kernel>__<shape>__<dtype>.json: copy those into benchmarks/replay/.
@@ -47,7 +47,7 @@ for item in "${items[@]}"; do
   cfg=${item%%:*}; est=${item#*:}; [ "$est" = "$item" ] && est=40
   name=$(sed -n 's/^name: *//p' "$cfg" | head -1)
   names+=("$name")
-  if [ -f "runs/$name/optuna.db" ] && python3 -m harness.replay check "$cfg" > "$L/$name.check" 2>&1; then
+  if [ -f "runs/$name/optuna.db" ] && python3 -m harness.search.replay check "$cfg" > "$L/$name.check" 2>&1; then
     echo "$name: already recorded ($(cat "$L/$name.check")), t=$(el) s"; continue
   fi
   left=$(( BUDGET_S - RESERVE_S - $(el) ))
@@ -58,9 +58,9 @@ for item in "${items[@]}"; do
 done
 cleanup
 
-python3 -m harness.replay export-all --runs runs --out "$OUT/replay" --experiments "${names[@]}" \
+python3 -m harness.search.replay export-all --runs runs --out "$OUT/replay" --experiments "${names[@]}" \
     2> "$L/export.log" | tee "$L/export.txt"
-python3 -m harness.replay summary "$OUT/replay" > "$L/summary.jsonl" 2>> "$L/export.log"
+python3 -m harness.search.replay summary "$OUT/replay" > "$L/summary.jsonl" 2>> "$L/export.log"
 python3 - "$L/summary.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
