@@ -1,5 +1,5 @@
 """The ``kharness`` command line: its parser, the report and bench commands, and the
-console script's entry point (``run`` is ``run_command``, ``packs`` is ``packs_cli``).
+console script's entry point (``run`` is ``run_command``, ``packs`` is ``packs``).
 
 Exit codes: 0 success, 2 bad input (experiment file, arguments), 3 no usable hardware,
 4 a study tuned nothing (every config pruned or failed; the run names it and why),
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from harness.cli.run_command import EXIT_BAD_INPUT, EXIT_NO_HARDWARE, cmd_run
 from harness.tracking.redact import install, redact
@@ -46,7 +47,7 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
         out = write_report(args.source, args.out, runs_dir=args.runs_dir,
                            tracking_uri=args.tracking_uri)
     except ReportError as exc:
-        console.print(f"[bold red]error:[/] {redact(str(exc))}")
+        console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return EXIT_BAD_INPUT
     console.print(f"report: {out}", markup=False)
     return 0
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--runs-dir", default="runs", help="where experiments keep their state")
     rp.add_argument("--tracking-uri", help="MLflow tracking URI (default: the experiment's)")
     rp.set_defaults(func=_cmd_report)
-    from harness.packs_cli import add_parser as add_packs_parser
+    from harness.cli.packs import add_parser as add_packs_parser
     add_packs_parser(sub)
     return p
 

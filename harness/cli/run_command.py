@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from harness import jsonsafe
 from harness.cli.summary import WIDTH, print_summary
@@ -55,7 +56,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         # nothing behind, not even a Ray session.
         exp = load(args.experiment, args.set or ())
     except ExperimentError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return EXIT_BAD_INPUT
     before = earlier_run(exp.output.runs_dir, exp.name)
     if before is not None and not (args.resume or args.fresh):
@@ -75,10 +76,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                       progress=not (args.quiet or args.json), overrides=args.set or (),
                       started_at=harness.IMPORTED_AT, stop_own_ray=True)
     except ExperimentError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return EXIT_BAD_INPUT
     except NoHardwareError as exc:
-        console.print(f"[bold red]error:[/] {redact(str(exc))}", markup=True)
+        console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}", markup=True)
         return EXIT_NO_HARDWARE
     summary.tracking_uri = redact(summary.tracking_uri)
     summary.events = [redact(e) for e in summary.events]

@@ -507,7 +507,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.packs_cli ...`` (the same as ``kharness packs ...``)."""
+    """``python -m harness.cli.packs ...`` (the same as ``kharness packs ...``)."""
     from rich.console import Console
 
     parser = argparse.ArgumentParser(prog="kharness")
