@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ import yaml
 from harness import hardware, jsonsafe, kernel_api, packs
 from harness.measure import Measurer, Timing, TrialResult, device_peaks, roofline_ms
 
-CASES_FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "cases.yaml"
-ROOT = CASES_FILE.parent.parent
+#: The cases ``kharness bench`` measures: package data, so an installed harness has them.
+CASES_FILE = Path(str(resources.files("harness").joinpath("bench_cases.yaml")))
+ROOT = Path(__file__).resolve().parent.parent
 TUNING_EXPERIMENT = ROOT / "configs" / "matmul_grid216.yaml"
 #: Seconds of the budget kept for the cost sections (tuning run, lookup, decorator).
 COST_RESERVE_S = 170.0
@@ -40,11 +42,15 @@ class Case:
     shape_name: str
     dtype: str
     compile: bool = True  # time torch.compile of eager too
+    # ... and torch.compile(mode="max-autotune-no-cudagraphs"), where it compiles in
+    # reasonable time
+    max_autotune: bool = False
 
 
 def load_cases(path: str | Path = CASES_FILE, only: list[str] | None = None) -> list[Case]:
     data = yaml.safe_load(Path(path).read_text()) or {}
-    cases = [Case(c["kernel"], c["shape"], c["dtype"], bool(c.get("compile", True)))
+    cases = [Case(c["kernel"], c["shape"], c["dtype"], bool(c.get("compile", True)),
+                  bool(c.get("max_autotune", False)))
              for c in data.get("cases", [])]
     if only:
         cases = [c for c in cases if c.kernel in only]
@@ -97,21 +103,13 @@ def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
         ("eager", "", lambda: measurer.measure_eager(fam, shape, case.dtype, seed)),
     ]
     if case.compile:
-        import torch
-
-        # Compiled once, before the rounds (its compile time is the note); a compile that
-        # failed is that failure in every round, not a new attempt per round.
-        compiled = torch.compile(fam.eager)
-
-        def make_compiled(i: dict, s: dict) -> Callable[[], Any]:
-            return lambda: compiled(i, s)
-
-        t0 = time.perf_counter()
-        warm = measurer.measure_fn(fam, shape, case.dtype, seed, make_compiled)
-        note = f"compiled in {time.perf_counter() - t0:.0f} s"
-        variants.append(("torch.compile", note, (
-            (lambda: measurer.measure_fn(fam, shape, case.dtype, seed, make_compiled))
-            if warm.ok else (lambda: warm))))
+        modes = [("torch.compile", None)]
+        if case.max_autotune:
+            modes.append(("torch.compile max-autotune", "max-autotune-no-cudagraphs"))
+        for name, mode in modes:
+            precision[name] = full
+            variants.append(_compiled_variant(name, mode, fam, shape, case.dtype, seed,
+                                              measurer))
     for name, make in _extra_baselines(fam).items():
         precision[name] = _baseline_precision(name, case.dtype)
         variants.append((name, "", lambda make=make: measurer.measure_fn(
@@ -141,6 +139,26 @@ def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
             "dtype": case.dtype, "pack_config": hit.config, "pack_source": hit.source,
             "roofline_ms": bound, "flops": fam.flops(shape), "rounds": max(1, rounds),
             "bytes": fam.bytes_moved(shape, case.dtype), "rows": rows}
+
+
+def _compiled_variant(name: str, mode: str | None, fam: kernel_api.Kernel, shape: dict,
+                      dtype: str, seed: int, measurer: Measurer
+                      ) -> tuple[str, str, Callable[[], TrialResult]]:
+    """``torch.compile`` of the family's eager code (in ``mode``) as a bench variant:
+    compiled once, before the rounds (its compile time is the note); a compile that failed
+    is that failure in every round, not a new attempt per round."""
+    import torch
+
+    compiled = torch.compile(fam.eager, mode=mode)
+
+    def make_compiled(i: dict, s: dict) -> Callable[[], Any]:
+        return lambda: compiled(i, s)
+
+    t0 = time.perf_counter()
+    warm = measurer.measure_fn(fam, shape, dtype, seed, make_compiled)
+    note = f"compiled in {time.perf_counter() - t0:.0f} s"
+    return name, note, ((lambda: measurer.measure_fn(fam, shape, dtype, seed, make_compiled))
+                        if warm.ok else (lambda: warm))
 
 
 #: A baseline named so is a bound (another problem of the same size), not a library a

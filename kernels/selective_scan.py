@@ -176,6 +176,36 @@ def _scan_loop(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
     return torch.stack(ys, dim=1) + D * x
 
 
+def _combine(left: tuple[torch.Tensor, torch.Tensor],
+             right: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = a * h_prev + b composed: (a1, b1) then (a2, b2) is (a1 a2, a2 b1 + b2)."""
+    return left[0] * right[0], right[0] * left[1] + right[1]
+
+
+def _scan_associative(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                      C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """The recurrence as an associative scan over L (all b x L x d x n states at once), in
+    the inputs' dtype: what a PyTorch user writes for speed. Pointwise mode (a Triton scan
+    under torch.compile) needs CUDA; elsewhere the generic mode runs it."""
+    from torch._higher_order_ops import associative_scan
+
+    dtype = x.dtype
+    delta = F.softplus(dt + dt_bias.to(dtype))
+    a = torch.exp(delta[..., None] * A.to(dtype))
+    bx = (delta * x)[..., None] * B[:, :, None, :]
+    mode = "pointwise" if x.is_cuda else "generic"
+    _, h = associative_scan(_combine, (a, bx), dim=1, combine_mode=mode)
+    return (h * C[:, :, None, :]).sum(-1) + D.to(dtype) * x
+
+
+def _has_associative_scan() -> bool:
+    try:
+        from torch._higher_order_ops import associative_scan  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class SelectiveScan(Kernel):
     """Mamba-1 selective scan forward (softplus(dt + dt_bias), exp(delta*A) discretisation)."""
 
@@ -233,6 +263,19 @@ class SelectiveScan(Kernel):
         # The loop a user writes, in the input dtype. It is slow by design (L steps of
         # small launches). Under torch.compile dynamo unrolls all L steps.
         return _scan_loop(*self._operands(inputs), dtype=inputs["x"].dtype)
+
+    def baselines(self) -> dict[str, Callable[[Inputs, Shape], Callable[[], Any]]]:
+        """The scan a user would pick in PyTorch: ``torch._higher_order_ops.associative_scan``
+        under ``torch.compile`` (where this torch has it), timed as the kernel is."""
+        if not _has_associative_scan():
+            return {}
+
+        def compiled_scan(inputs: Inputs, shape: Shape) -> Callable[[], Any]:
+            fn = torch.compile(_scan_associative)
+            ops = self._operands(inputs)
+            return lambda: fn(*ops)
+
+        return {"torch.compile associative_scan": compiled_scan}
 
     def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
         cfg = {**self.default_config, **config}

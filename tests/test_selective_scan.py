@@ -177,3 +177,19 @@ def test_gpu_seed_shapes(shape_name, dtype):
             failures.append((config, res))
     assert ran >= 4
     assert not failures, failures
+
+
+def test_associative_scan_baseline_is_the_recurrence() -> None:
+    """The PyTorch baseline users would pick (an associative scan over L) computes the
+    same y as the fp64 reference (run eagerly here, generic mode on the CPU; the
+    benchmark runs it under torch.compile, pointwise on CUDA)."""
+    from kernels import selective_scan as ss
+
+    if not ss._has_associative_scan():
+        pytest.skip("this torch has no associative_scan")
+    fam = ss.SelectiveScan()
+    shape = fam.shapes["test"]
+    inputs = fam.make_inputs(shape, "fp32", seed=5, device="cpu")
+    out = ss._scan_associative(*fam._operands(inputs))
+    torch.testing.assert_close(out.double(), fam.reference(inputs, shape), atol=1e-4, rtol=1e-4)
+    assert "torch.compile associative_scan" in fam.baselines()

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="every zoo kernel vs its baselines on this GPU")
     b.add_argument("--out", default="benchmarks/results", help="results root")
     b.add_argument("--kernel", action="append", help="only these kernels (repeatable)")
-    b.add_argument("--cases", help="cases YAML (default: benchmarks/cases.yaml)")
+    b.add_argument("--cases", help="cases YAML (default: the harness's bench_cases.yaml)")
     b.add_argument("--budget-s", type=float, default=540.0,
                    help="stop starting new cases after this many seconds")
     b.add_argument("--tuning-experiment", help="experiment whose run measures the tuning cost "
