@@ -210,3 +210,55 @@ def pick(cands: Sequence[Candidate],
         return win, (f"{len(tied)} configs within noise; no neighbouring shapes: the "
                      "smallest footprint (stages, warps, tile, then same-round ratio)")
     return best, "lowest median of the interleaved re-measurements"
+
+
+# -- a study's re-measurement: its candidates, its tasks, its winner ----------------------
+
+#: ``search.remeasure_top_k: auto`` on GPUs. Five, not three: a config's search time is
+#: taken at the clock of its moment (an H200 at its power cap moves between ~1500 and
+#: 1980 MHz), and in one of four runs of the 8192^3 grid (2026-11-23) the config the
+#: other three chose was fifth by its search time, 16 % behind, and never re-measured.
+AUTO_TOP_K = 5
+
+
+def top_k(setting: int | str, interpreted: bool) -> int:
+    """How many of a study's best configs are re-measured (``auto``: none under the
+    interpreter, whose timings order nothing)."""
+    return (0 if interpreted else AUTO_TOP_K) if setting == "auto" else int(setting)
+
+
+def candidates(top: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+               incumbent: tuple[Mapping[str, Any], Mapping[str, Any]] | None,
+               default: tuple[Mapping[str, Any], Mapping[str, Any]] | None
+               ) -> list[Candidate]:
+    """The finalists: the search's top configs, the pack's current winner and the
+    kernel's default config (each once), with what the search measured of each."""
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    for cfg, res in [*top, *([incumbent] if incumbent else []), *([default] if default else [])]:
+        key = config_key(cfg)
+        if key not in seen:
+            seen.add(key)
+            out.append(Candidate(dict(cfg), res.get("latency_ms", math.nan)))
+    return out
+
+
+def decide(cands: Sequence[Candidate], robust: Callable[[Mapping[str, Any]], float],
+           incumbent: Mapping[str, Any] | None,
+           default: Mapping[str, Any] | None) -> tuple[Candidate, str] | None:
+    """``pick``, except that the kernel's default config is never beaten by a config
+    the re-measurement cannot tell from it: where the default is within noise of the
+    winner (or faster), the default is frozen."""
+    chosen = pick(cands, robust, incumbent)
+    if chosen is None or default is None:
+        return chosen
+    key = config_key(default)
+    mine = next((c for c in cands if config_key(c.config) == key and c.samples), None)
+    win, why = chosen
+    if mine is None or mine is win:
+        return chosen
+    ratio, paired = relative(mine, win)
+    if ratio <= 1 + NOISE and not consistently_slower(mine, win):
+        return mine, (f"the default config is within noise of the fastest ({ratio:.3f}x "
+                      f"{'same-round' if paired else 'medians'}): it stays")
+    return win, why

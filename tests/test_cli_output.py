@@ -163,7 +163,7 @@ def test_compile_baseline_task_and_speedup(tmp_path):
     import dataclasses
     from types import SimpleNamespace
 
-    from harness import experiment, run
+    from harness import experiment, freeze, run, schedule
     from harness.hardware import spec_for_key
 
     exp = experiment.Experiment(name="x", kernel="grouped_gemm",
@@ -176,15 +176,15 @@ def test_compile_baseline_task_and_speedup(tmp_path):
     spec = experiment.plan(exp, ["H100"])[0]
     search = SimpleNamespace(ask=lambda in_flight: None, best=lambda: (
         {"BLOCK_M": 64}, {"latency_ms": 1.0}))
-    st = run.StudyState(spec, search, "r", gpu, {}, want_compile=True)
-    tasks = [run._study_task(st, "H100") for _ in range(3)]
+    st = schedule.StudyState(spec, search, "r", gpu, {}, want_compile=True)
+    tasks = [schedule.study_task(st, "H100") for _ in range(3)]
     assert [t.tag[0] for t in tasks] == ["eager", "default", "compile"]
-    assert run._study_task(st, "H100") is None  # search exhausted, nothing queued twice
+    assert schedule.study_task(st, "H100") is None  # search exhausted, nothing queued twice
     assert tasks[2].method == "eager" and tasks[2].args[-1] is True  # compiled=True
     assert tasks[0].args[-1] is False
     st.eager, st.compiled, st.default = ({"latency_ms": 4.0}, {"latency_ms": 2.0},
                                          {"latency_ms": 1.5})
-    _, metrics = run._outcome(st)
+    _, metrics = freeze.outcome(st)
     assert metrics["speedup_vs_compile"] == 2.0 and metrics["compile_latency_ms"] == 2.0
     assert metrics["speedup_vs_eager"] == 4.0
 

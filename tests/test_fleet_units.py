@@ -15,9 +15,11 @@ import torch
 import yaml
 from optuna.trial import TrialState
 
-from harness import experiment, fleet
+from harness import experiment
 from harness.experiment import ExperimentError, SearchSettings, StudySpec
-from harness.fleet import Fleet, NoHardwareError, Precompiler, check_placement
+from harness.fleet import Fleet, NoHardwareError, check_placement
+from harness.fleet import compile as fleet
+from harness.fleet.compile import Precompiler
 from harness.hardware import spec_for_key
 from harness.measure import Timing, TrialResult
 from harness.run import _device_from_info, _missing_message
@@ -251,7 +253,7 @@ def test_tasks_of_a_group_stay_on_one_worker() -> None:
     """A study's re-measurements form a group: they all go to the worker the group first
     got (even when another is emptier), wait while it is full, follow it when it is
     replaced in place, and move only if it leaves the fleet."""
-    from harness.fleet import Task, _Slot
+    from harness.fleet.slots import Task, _Slot
 
     fl = Fleet(Timing(), 10, queue_depth=2)
     a, b = (_Slot("H100", None, None, 0.0, ready_at=1.0) for _ in range(2))
@@ -280,7 +282,7 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
     every one that passes static pruning (on the key's static spec) to a new worker to
     compile while it starts, after the default; a sampled space gives the default only."""
     from harness import kernel_api, spaces
-    from harness.run import _known_configs
+    from harness.schedule import known_configs as _known_configs
 
     path = Path(__file__).resolve().parents[1] / "configs" / "matmul_grid216.yaml"
     packs = tmp_path / "packs"
@@ -323,8 +325,8 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
     with_seed = _known_configs(exp, spec, path)
     assert with_seed[1] == {k: seed[k] for k in space} and len(with_seed) == len(known) + 1
     # A large grid: its first configs in the order they will be asked, up to the cap.
-    import harness.run as hrun
+    import harness.schedule as hschedule
 
-    monkeypatch.setattr(hrun, "MAX_KNOWN", 12)
+    monkeypatch.setattr(hschedule, "MAX_KNOWN", 12)
     capped = _known_configs(exp, spec, path)
     assert len(capped) == 12 and capped[2:] == known[1:11]

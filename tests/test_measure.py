@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from harness import fleet
+from harness.fleet import compile as fleet_compile
 from harness.kernel_api import Tolerance
 from harness.measure import CompileWatch, compare, prepare_reference
 
@@ -100,10 +100,10 @@ def test_compile_watch_counts_and_chains_the_listener(monkeypatch) -> None:
 def test_pin_triton_cache_dir(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_HOME", str(tmp_path))
-    path = fleet.pin_triton_cache_dir()
+    path = fleet_compile.pin_triton_cache_dir()
     assert path == os.environ["TRITON_CACHE_DIR"] == str(tmp_path / ".triton" / "cache")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
-    assert fleet.pin_triton_cache_dir() == str(tmp_path / "mine")
+    assert fleet_compile.pin_triton_cache_dir() == str(tmp_path / "mine")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
@@ -275,7 +275,7 @@ def test_a_subclass_with_the_same_name_gets_its_own_inputs() -> None:
     """The held problem is keyed by the family's class too: a subclass that keeps the
     name but routes rows differently (a diagnostic's balanced routing) is measured on its
     own inputs and reference, not on the ones its parent left (which made two routings
-    time alike in session 10's diagnostic)."""
+    time alike in an earlier diagnostic)."""
     from harness import measure
     from kernels.grouped_gemm import GroupedGemm, counts_to_offsets
 

@@ -203,7 +203,7 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_a_narrower_search_does_not_replace_the_packs_winner_unseen(tmp_path: Path) -> None:
-    """Seen on an H200 (session 15): a grid over one engine's configs only froze its own
+    """Seen on an H200: a grid over one engine's configs only froze its own
     winner over the pack's entry, a config of another engine it never measured. The
     pack's entry is now re-measured beside the top configs even where the search's space
     excludes it: here it is the fastest and stays."""
@@ -264,7 +264,7 @@ def test_remeasurements_are_planned_in_rounds_with_their_own_budget() -> None:
     from types import SimpleNamespace
 
     from harness import experiment
-    from harness.run import _remeasure_tasks
+    from harness.schedule import remeasure_tasks as _remeasure_tasks
 
     exp = experiment.Experiment.model_validate({
         "name": "r", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
@@ -284,8 +284,8 @@ def test_remeasurements_are_planned_in_rounds_with_their_own_budget() -> None:
 
 
 def test_a_config_slower_in_every_round_is_no_tie_however_small_the_gap() -> None:
-    """The H200's re-measurement of the grouped GEMM's tail grid (2026-11-24, session 11
-    call 10, 200 ms windows): the 3-stage config was 1.0-2.2 % slower than the best in
+    """The H200's re-measurement of the grouped GEMM's tail grid (2026-11-24, 200 ms
+    windows): the 3-stage config was 1.0-2.2 % slower than the best in
     each of the 5 rounds, inside the 2 % band by its median ratio, and won on footprint;
     back to back with dense cuBLAS it was 2-4 % behind on every routing. An order every
     round keeps is a measurement: it is no tie now, the 4-stage configs are."""
@@ -314,7 +314,7 @@ def test_a_config_slower_in_every_round_is_no_tie_however_small_the_gap() -> Non
 
 
 def test_equal_footprints_go_to_the_lower_same_round_ratio() -> None:
-    """The H100's re-measurement of the tail grid (2026-11-24, session 13 call 5): five
+    """The H100's re-measurement of the tail grid (2026-11-24): five
     configs within noise, all 4 stages and 8 warps, tiles of 256x128 and 128x256 (the
     same area). The config key used to order them by name and took 128x256 GROUP_M 8,
     2 % behind the fastest back to back with dense cuBLAS; the same-round ratio to the
@@ -356,7 +356,7 @@ def test_the_median_result_is_one_measurement() -> None:
 
 
 def test_a_block_named_switch_is_no_tile_size() -> None:
-    """H200, 2026-11-24 (session 13 call 8): three 256x128 s4 configs within noise; the
+    """H200, 2026-11-24: three 256x128 s4 configs within noise; the
     one without the block table won on footprint because BLOCK_TABLE=0 multiplied its
     "tile area" to 0, though the best by every round had the table."""
     rounds = [0, 1, 2, 3, 4]

@@ -14,7 +14,7 @@ import pytest
 import ray
 from mlflow.tracking import MlflowClient
 
-from harness import run as run_mod
+from harness import run_logging as run_mod
 from harness.sqlite_commits import fast_commits
 from harness.tracking import tracker as track
 
@@ -54,7 +54,7 @@ def test_trials_are_logged_in_order_into_the_drivers_store(local_ray, tmp_path, 
     db = f"mlflow-{actor}.db"
     tracker = track.Tracker(f"sqlite:///{db}", "logger-test")
     study_run = tracker.start_run("study", {"harness.level": "study"})
-    logs = run_mod._Logs(tracker, "logger-test")
+    logs = run_mod.Logs(tracker, "logger-test")
     assert (logs._actor is not None) == actor
     trial_log = tmp_path / "trials.jsonl"
     for n in range(4):
@@ -108,7 +108,7 @@ def test_a_studys_plots_are_drawn_from_its_storage(local_ray, tmp_path, monkeypa
     db = f"mlflow-plots-{actor}.db"
     tracker = track.Tracker(f"sqlite:///{db}", "plots-test")
     study_run = tracker.start_run("study", {"harness.level": "study"})
-    logs = run_mod._Logs(tracker, "plots-test")
+    logs = run_mod.Logs(tracker, "plots-test")
     assert (logs._actor is not None) == actor
     # A process of its own for the plots, beside the trials' one.
     assert (logs._plotter is not None) == actor
@@ -126,7 +126,7 @@ def test_a_studys_plots_are_drawn_from_its_storage(local_ray, tmp_path, monkeypa
 def test_a_logger_that_fails_reports_it(local_ray, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tracker = track.Tracker("sqlite:///mlflow-fail.db", "logger-fail")
-    logs = run_mod._Logs(tracker, "logger-fail")
+    logs = run_mod.Logs(tracker, "logger-fail")
     logs.log("no-such-run", metrics={"x": 1.0})
     errors = logs.flush()
     logs.close()

@@ -1,0 +1,205 @@
+"""The cluster: connecting to Ray, finding GPUs by hardware key, asking an autoscaler for
+more, and checking that a worker sees the GPU its node advertises.
+
+Hardware keys come from Ray's ``accelerator_type:<name>`` node resources: Ray sets them
+itself for NVIDIA GPUs (``H100``, ``H200``, ``A100-80G``, ...); GPUs Ray does not
+recognise, such as the AMD Radeon PRO V710, need the resource declared at ``ray start
+--resources='{"accelerator_type:V710": 1}'``.
+
+A Ray that a run starts for itself listens on loopback only (``start_local_ray``):
+joining or starting a cluster (``ray start``, ``RAY_ADDRESS``) is how it is opened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+
+from harness import hardware
+
+log = logging.getLogger(__name__)
+
+
+class NoHardwareError(RuntimeError):
+    pass
+
+
+def check_placement(expected: str, ray_name: str | None, info: Mapping[str, Any]) -> None:
+    """Raise where a worker placed as ``expected`` sees another GPU (a node whose
+    ``accelerator_type`` resource is wrong). Interpreted workers see no GPU: no check."""
+    if info.get("interpreted") or info.get("device_key") == expected:
+        return
+    resource = f"accelerator_type:{ray_name or expected}"
+    raise NoHardwareError(
+        f"a worker placed on a node advertising {resource} (hardware {expected}) sees a "
+        f"{info.get('device_name')!r}, which is {info.get('device_key')}: fix that node's "
+        f"resources at `ray start` (a V710 node: --resources='{{\"accelerator_type:V710\": 1}}')")
+
+
+
+def _answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether a server accepts connections at ``address`` ("host:port")."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def start_local_ray(**kw: Any) -> None:
+    """Start a Ray for this process only, every server of it (GCS, raylet, workers,
+    object manager, dashboard agent) bound to 127.0.0.1. Ray binds its servers to all
+    interfaces unless the node's address is loopback, and it resolves a loopback
+    address given to ``ray.init`` to the host's own, except where clusters are turned
+    off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``): the setting, read when Ray is
+    imported, is applied for the start and passed to the processes Ray starts."""
+    from ray._private import ray_constants
+
+    env = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    before_env, before = os.environ.get(env), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[env] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", include_dashboard=False, **kw)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+        if before_env is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = before_env
+
+
+def node_resources() -> dict[str, tuple[float, int]]:
+    """Node id -> its CPUs and GPUs, for the live nodes."""
+    return {n["NodeID"]: (float(n["Resources"].get("CPU", 0)), int(n["Resources"].get("GPU", 0)))
+            for n in ray.nodes() if n.get("Alive")}
+
+
+class Cluster:
+    """What the cluster holds, by hardware key (``discover``), and the autoscaler."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, dict[str, int]] = {}  # hardware key -> Ray name -> GPUs
+        self.nodes: dict[str, str] = {}  # node id -> hardware key (GPU nodes)
+        self.unlabelled = 0  # GPUs on nodes with no accelerator_type resource
+        self._requested = False  # an autoscaler request is outstanding
+
+    # -- connecting and discovering ---------------------------------------------------
+    @staticmethod
+    def connect() -> str:
+        """Join RAY_ADDRESS / the job's cluster if there is one, or a Ray already running
+        on this machine (``ray start --head``: its GCS address is returned), else start a
+        Ray for this run only ("local")."""
+        if ray.is_initialized():
+            return "existing"
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(logging_level=logging.WARNING)
+            return os.environ["RAY_ADDRESS"]
+        # Workers must import a user's kernel module from the working directory. Only the
+        # cwd and the caller's PYTHONPATH: the driver's whole sys.path would put the base
+        # interpreter's site-packages ahead of the venv's (crashing workers).
+        path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
+        kw: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False,
+                              "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
+        try:
+            # The address the last `ray start` on this machine left: what a bare ray.init()
+            # joins (not address="auto", which joins any Ray here, another driver's own
+            # included). Ray's reader is private: where it moved, decide as before.
+            from ray._private.services import find_bootstrap_address
+
+            running = find_bootstrap_address(None)
+        except (ImportError, AttributeError):
+            running = None
+        if running and not _answers(running):
+            # The file outlives a head that was killed (or crashed); joining it, Ray waits
+            # on the dead GCS for minutes (measured: still waiting after 150 s).
+            log.warning("the Ray this machine's last `ray start` left (%s) does not answer: "
+                        "starting a Ray for this run (`ray stop` clears the stale address)",
+                        running)
+            running = None
+        if running:
+            # Joined rather than a second Ray over the same GPUs; it outlives this run, so
+            # it keeps workers and is not stopped.
+            ray.init(address=running, **kw)
+            return running
+        # Ray starts a Python worker per core up front; the harness needs one per GPU, and
+        # on a 16-core box those imports slow the start and the compile children.
+        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+        # "local": a new Ray even where a stale address file is left (a bare ray.init()
+        # would join the address in it).
+        start_local_ray(**kw)
+        return "local"
+
+    def discover(self) -> dict[str, int]:
+        """GPUs in the cluster per hardware key; ``{"cpu": 1}`` where there are none.
+
+        A node's key comes from its ``accelerator_type:<name>`` resource. GPUs with no
+        such resource are counted in ``unlabelled`` and left out: their type is unknown.
+        """
+        counts: dict[str, int] = {}
+        self._names, self.nodes, self.unlabelled = {}, {}, 0
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            res = node.get("Resources", {})
+            gpus = int(res.get("GPU", 0))
+            if gpus <= 0:
+                continue
+            names = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
+            if not names:
+                self.unlabelled += gpus
+                continue
+            # Two names (Ray's own and a declared one) may name the same GPU: a known key
+            # wins, and a name that is the key itself (the declared one) before others.
+            name = min(names, key=lambda n: (hardware.hardware_key(n) not in
+                                             hardware.KNOWN_KEYS, hardware.hardware_key(n) != n,
+                                             n))
+            key = hardware.hardware_key(name)
+            self.nodes[node["NodeID"]] = key
+            by_name = self._names.setdefault(key, {})
+            by_name[name] = by_name.get(name, 0) + gpus
+            counts[key] = counts.get(key, 0) + gpus
+        if not counts and not self.unlabelled:
+            return {"cpu": 1}
+        return counts
+
+    def wait_for_nodes(self, keys: list[str], timeout_s: float, poll_s: float = 2.0,
+                       on_poll: Callable[[dict[str, int]], None] | None = None) -> dict[str, int]:
+        """Ask the autoscaler for one GPU of each of ``keys`` and wait up to ``timeout_s``
+        until each is in the cluster; return the GPUs found then."""
+        bundles = [{"GPU": 1, f"accelerator_type:{k}": 1} for k in keys]
+        try:
+            from ray.autoscaler import sdk
+
+            sdk.request_resources(bundles=bundles)
+            self._requested = True
+        except Exception as exc:  # no autoscaler API: waiting may still see nodes join
+            log.warning("could not ask the autoscaler for %s: %s", keys, exc)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            available = self.discover()
+            if on_poll is not None:
+                on_poll(available)
+            left = deadline - time.monotonic()
+            if all(k in available for k in keys) or left <= 0:
+                return available
+            time.sleep(min(poll_s, left))
+
+    def _release_request(self) -> None:
+        if not self._requested:
+            return
+        self._requested = False
+        try:
+            from ray.autoscaler import sdk
+
+            sdk.request_resources(bundles=[])  # the nodes may scale down again
+        except Exception as exc:
+            log.warning("could not withdraw the autoscaler request: %s", exc)
+

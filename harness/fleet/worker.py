@@ -1,0 +1,500 @@
+"""The worker: one Ray actor per GPU (or one CPU worker running Triton's interpreter).
+
+It keeps a queue of tasks so that it never waits on the driver between trials, hands
+the queued configs to its node's compile service (``compile_service``), runs whichever
+queued measurement has its binary first, and loads the next config's binary into its
+process while it times the current one. A worker checks that the GPU it sees is the
+one its node advertises (``cluster.check_placement``, on the driver's side).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from dataclasses import replace as _replace
+from typing import Any
+
+import ray
+
+from harness import hardware
+from harness.fleet.compile import (
+    PRECOMPILE_WAIT_S,
+    gpu_device_nodes,
+    pin_triton_cache_dir,
+    precompile_enabled,
+    problem_key,
+    skeleton,
+)
+from harness.fleet.compile_service import NodeCompiler
+from harness.measure import Measurer, Timing, TrialResult
+from harness.search.keys import config_key
+
+log = logging.getLogger(__name__)
+
+
+def _warm_check() -> None:
+    """Build the accuracy check's fused kernel while the worker starts: its compile and
+    launcher would otherwise land on the first trials' checks (GPU-held time)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from harness import accuracy
+
+            accuracy.warm_up("cuda")
+    except Exception as exc:  # the first checks build it instead
+        log.warning("accuracy check warm-up failed: %s", exc)
+
+
+
+@ray.remote(max_restarts=0, max_task_retries=0,
+            concurrency_groups={"control": 1, "results": 128})
+class Worker:
+    """One per GPU (or one CPU worker running Triton's interpreter).
+
+    The driver ``enqueue``s numbered tasks and collects each with ``result``; one
+    thread runs them one at a time, so nothing else runs on the GPU while a kernel is
+    timed: in number order, except that a measurement whose config is compiled may run
+    ahead of an older one still compiling (``_pick``). Queued configs are compiled ahead
+    by the node's compile service.
+    """
+
+    def __init__(self, hardware_key: str, timing: dict[str, float],
+                 compilers: dict[str, tuple[Any, int]] | None = None, keep_s: float = 0.0,
+                 version: str = "", first: tuple | None = None):
+        """``compilers``: node id -> that node's compile service and each worker's share
+        of its processes (none for this node: configs compile on their first launch)."""
+        t0 = time.monotonic()
+        # Where a worker's start-up goes, in seconds, by step (reported by ``info``).
+        self.startup_s: dict[str, float] = {}
+        tick = [t0]
+
+        def step(name: str) -> None:
+            now = time.monotonic()
+            self.startup_s[name] = round(now - tick[0], 2)
+            tick[0] = now
+
+        ctx = ray.get_runtime_context()
+        gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
+        pin_triton_cache_dir()  # where the node's compile service writes the binaries
+        warm: threading.Thread | None = None
+        if gpu_ids and gpu_device_nodes():
+            warm = threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True)
+            warm.start()
+        import torch
+
+        step("import_torch")
+
+        if not torch.cuda.is_available():
+            # Before any kernel module is imported, so its @triton.jit is interpreted.
+            os.environ["TRITON_INTERPRET"] = "1"
+        # A worker given a GPU by Ray compiles ahead; one without runs Triton's
+        # interpreter and only does so when forced (the plumbing's tests).
+        self.pre: NodeCompiler | None = None
+        compiler = (compilers or {}).get(ctx.get_node_id())
+        if compiler is not None and compiler[1] > 0 and precompile_enabled(
+                torch.cuda.is_available()):
+            self.pre = NodeCompiler(*compiler)
+        self.expected = hardware_key
+        self.spec = hardware.current_device()
+        step("device")
+        self.measurer = Measurer(Timing(**timing))
+        self._peaks: dict[str, float] | None = None
+        self.poisoned = ""  # why the device context cannot be trusted any more
+        # Loading ahead: while one config is timed, a thread brings the next queued
+        # config's binary into this process (see _load_ahead).
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="harness-load-ahead")
+        self._loads: dict[tuple[str, str], Future] = {}
+        self._seq = -1  # the task the loop is running
+        self._current: tuple[str, Any, dict, str, int] | None = None  # its problem
+        self._load_lock = threading.Lock()
+        self._skeletons: dict[str, Any] = {}  # problem -> skeleton of its inputs
+        self._stash: dict[str, list[dict]] = {}  # problem -> configs hinted before it loaded
+        self._hint_lock = threading.Lock()
+        self.where = {
+            "node_id": ctx.get_node_id(),
+            "worker_hardware": hardware_key,
+            "gpu_ids": gpu_ids,
+            "device_name": self.spec.name,
+            "pid": os.getpid(),
+        }
+        self._cv = threading.Condition()
+        self._tasks: dict[int, tuple[str, tuple]] = {}
+        self._results: dict[int, dict] = {}
+        self._next = 0  # the oldest task not run yet
+        self._ran: set[int] = set()  # tasks run ahead of an older one
+        self._busy = False  # the loop is running a task
+        # Kept workers (keep_s > 0) outlive a run; a run leases one (``lease``).
+        self.keep_s, self.version = keep_s, version
+        self._lessee: str | None = None
+        self._leased_at = 0.0  # perf_counter() when the lessee took it
+        self._last_call = time.monotonic()  # the lessee's last sign of life
+        if keep_s > 0:
+            threading.Thread(target=self._reaper, name="harness-reaper", daemon=True).start()
+        if first is not None:
+            self._prepare_first(*first)
+            step("first_problem")
+        if self.pre is not None:
+            # The roofline's ceilings (cached on disk per device): measured now, while the
+            # GPU waits for the first compiles anyway, not in the first baseline's time.
+            try:
+                self.peaks()
+            except Exception as exc:  # the first baseline tries again
+                log.warning("measuring the device's peaks failed: %s", exc)
+                self._peaks = None
+            step("peaks")
+        if self.pre is not None:  # a count, not seconds: configs sent to compile so far
+            self.startup_s["compiles_sent"] = self.pre.submitted
+        if warm is not None:
+            warm.join(timeout=60)
+        step("accuracy_check_build")
+        self.startup_s["total_in_init"] = round(time.monotonic() - t0, 2)
+        threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
+
+    def _prepare_first(self, kernel: str, shape: dict, dtype: str, seed: int,
+                       configs: list) -> None:
+        """The run's first problem (``first``: kernel, shape, dtype, seed, configs known
+        before the search, such as the default config): its inputs built and those
+        configs sent to compile while this worker starts, so that after it reports ready
+        the GPU does not wait for the first compiles. A failure only loses the head start:
+        the first task builds and compiles as usual."""
+        if self.pre is None:
+            return
+        try:
+            from harness import kernel_api
+
+            fam = kernel_api.get(kernel)
+            self._problem_loaded(kernel, fam, shape, dtype, seed, None)
+            self._hint(kernel, shape, dtype, seed, configs)
+        except Exception as exc:
+            log.warning("preparing the first problem failed: %s", exc)
+
+    # -- the driver's interface ----------------------------------------------------------
+    @ray.method(concurrency_group="control")
+    def info(self) -> dict[str, Any]:
+        import torch
+        import triton
+
+        return {
+            **self.where,
+            "device_key": self.spec.key,
+            "vendor": self.spec.vendor,
+            "sm_count": self.spec.sm_count,
+            "smem_per_block": self.spec.smem_per_block,
+            "has_tma": self.spec.has_tma,
+            "has_wgmma": self.spec.has_wgmma,
+            "interpreted": self.spec.interpreted,
+            "precompile": self.pre is not None,
+            "compile_workers": self.pre.processes if self.pre is not None else 0,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
+            "startup_s": dict(self.startup_s),
+        }
+
+    @ray.method(concurrency_group="control")
+    def enqueue(self, seq: int, method: str, args: tuple) -> None:
+        with self._cv:
+            self._last_call = time.monotonic()
+            self._tasks[seq] = (method, args)
+            self._cv.notify_all()
+        if method == "measure" and self.pre is not None:
+            kernel, shape, dtype, config, seed = args[:5]
+            self._hint(kernel, shape, dtype, seed, [config])
+            self._load_ahead()  # it may be the one to run next
+
+    @ray.method(concurrency_group="results")
+    def result(self, seq: int) -> dict[str, Any]:
+        with self._cv:
+            self._cv.wait_for(lambda: seq in self._results)
+            return self._results.pop(seq)
+
+    # -- the one thread that touches the device ------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            t_idle = time.perf_counter()
+            with self._cv:
+                self._cv.wait_for(lambda: self._next in self._tasks)
+            # The driver had nothing queued (a kept worker: since this run leased it).
+            idle_s = time.perf_counter() - max(t_idle, self._leased_at)
+            t_pick = time.perf_counter()
+            seq = self._pick(block=True)
+            ahead_s = time.perf_counter() - t_pick  # every queued config still compiling
+            with self._cv:
+                method, args = self._tasks.pop(seq)
+                self._seq = seq
+                self._busy = True
+                self._ran.add(seq)
+                while self._next in self._ran:
+                    self._ran.discard(self._next)
+                    self._next += 1
+            t_task = time.perf_counter()
+            try:
+                if self.poisoned:
+                    out = TrialResult(ok=False, reason=f"not run: {self.poisoned}",
+                                      extra={"requeue": True}).to_dict()
+                else:
+                    out = getattr(self, f"_{method}")(*args)
+            except BaseException as exc:  # a harness bug must not kill the loop
+                out = TrialResult(ok=False, reason=f"harness error: {type(exc).__name__}: "
+                                  f"{exc}"[:400]).to_dict()
+            extra = out.setdefault("extra", {})
+            extra.update(idle_s=idle_s, task_s=time.perf_counter() - t_task + ahead_s,
+                         setup_s=extra.get("setup_s", 0.0) + ahead_s)
+            with self._cv:
+                self._results[seq] = out
+                self._busy = False
+                self._cv.notify_all()
+
+    @ray.method(concurrency_group="control")
+    def running(self) -> int:
+        """The task the loop runs now (or ran last): the one a hang is blamed on."""
+        return self._seq
+
+    # -- kept workers: leased by one run at a time ----------------------------------------
+    #: A lessee silent this long (no task sent, no heartbeat) is taken for dead.
+    LEASE_S = 30.0
+
+    @ray.method(concurrency_group="control")
+    def lease(self, run: str, timing: dict[str, float], version: str,
+              first: tuple | None = None) -> dict[str, Any]:
+        """Let ``run`` use this kept worker: its ``info()``, or ``{"refused": why}``:
+        ``busy`` (another live run has it), ``stale`` (other code, or a poisoned context,
+        or still running a dead run's task): the caller kills a stale worker. ``first``:
+        the run's first problem, prepared before the lease returns (``_prepare_first``);
+        ``startup_s`` then describes this lease."""
+        with self._cv:
+            now = time.monotonic()
+            if version != self.version or self.poisoned:
+                return {"refused": "stale"}
+            if self._lessee is not None and now - self._last_call < self.LEASE_S:
+                return {"refused": "busy"}
+            if self._busy or self._tasks:
+                return {"refused": "stale"}
+            # Sequence numbers start again with each run's own.
+            self._results.clear()
+            self._next, self._seq = 0, -1
+            self._ran.clear()
+            self._lessee, self._last_call = run, now
+            self._leased_at = time.perf_counter()
+            self.measurer.timing = Timing(**timing)
+        if first is not None and self.pre is not None:
+            t0, sent = time.monotonic(), self.pre.submitted
+            self._prepare_first(*first)
+            self.startup_s = {"first_problem": round(time.monotonic() - t0, 2),
+                              "compiles_sent": self.pre.submitted - sent}
+            self._leased_at = time.perf_counter()  # the driver's clock starts after this
+        return self.info()
+
+    @ray.method(concurrency_group="control")
+    def release(self, run: str) -> None:
+        """``run`` is done with this worker; it stays for ``keep_s`` for the next run."""
+        with self._cv:
+            if self._lessee == run:
+                self._lessee, self._last_call = None, time.monotonic()
+
+    @ray.method(concurrency_group="control")
+    def heartbeat(self) -> None:
+        self._last_call = time.monotonic()
+
+    def _reaper(self) -> None:
+        """A kept worker leaves once no run has used it for ``keep_s``: it holds a GPU."""
+        while True:
+            time.sleep(min(1.0, self.keep_s / 4))
+            with self._cv:
+                quiet = time.monotonic() - self._last_call
+                lessee_gone = self._lessee is None or quiet > self.LEASE_S
+                idle = lessee_gone and not self._busy and not self._tasks
+            if idle and quiet > self.keep_s:
+                if self.pre is not None:
+                    self.pre.close()
+                os._exit(0)
+
+    def _compiling(self, task: tuple[str, tuple]) -> Future | None:
+        """The ahead-of-time compile of a queued measurement of the problem in hand (None:
+        another problem's, a baseline, or a config not compiled ahead)."""
+        method, args = task
+        current = self._current
+        if method != "measure" or self.pre is None or current is None:
+            return None
+        kernel, shape, dtype, config, seed = args[:5]
+        if problem_key(kernel, shape, dtype, seed) != current[0]:
+            return None
+        return self.pre.pending(current[0], config)
+
+    def _pick(self, block: bool) -> int | None:
+        """The task to run next: the oldest, unless it waits for its compile child while
+        a later measurement of the same problem has its binary: then the oldest of those.
+        The GPU times whatever is compiled instead of waiting for one slow compile (the
+        first configs of a run, a config with deep pipelines). ``block``: wait until one
+        can run; else None when none can now."""
+        while True:
+            with self._cv:
+                head = self._next
+                queued = sorted(self._tasks.items())
+            if not queued or queued[0][0] != head:
+                return None if not block else head  # the oldest has not arrived (no block)
+            waits: list[Future] = []
+            for seq, task in queued:
+                fut = self._compiling(task)
+                if seq == head and fut is None:
+                    return head
+                if fut is not None:
+                    if fut.done():
+                        return seq
+                    waits.append(fut)
+            if not block:
+                return None
+            futures_wait(waits, timeout=0.02, return_when=FIRST_COMPLETED)
+
+    def peaks(self) -> dict[str, float]:
+        from harness.measure import device_peaks
+
+        if self._peaks is None:
+            self._peaks = device_peaks(self.spec)
+        return self._peaks
+
+    def _measure(self, kernel: str, shape: dict, dtype: str, config: dict, seed: int,
+                 timing: dict | None = None) -> dict:
+        """``timing``: this task's own do_bench budgets (multi-fidelity's cheap pass)."""
+        from harness import kernel_api
+
+        fam = kernel_api.get(kernel)
+        t_wait = time.perf_counter()
+        pre = self._problem_loaded(kernel, fam, shape, dtype, seed, config)
+        problem = problem_key(kernel, shape, dtype, seed)
+        self._loaded(problem, config)
+        wait_s = time.perf_counter() - t_wait
+        self._current = (problem, fam, shape, dtype, seed)
+        self._load_ahead()
+        full = self.measurer.timing
+        if timing:
+            self.measurer.timing = _replace(full, **timing)
+        try:
+            res = self.measurer.measure(fam, shape, dtype, config, seed, peaks=self.peaks())
+        finally:
+            self.measurer.timing = full
+        res.extra["setup_s"] = wait_s  # inputs built, waited on the ahead-of-time compile
+        if res.fatal:
+            self.poisoned = f"the device context was poisoned by an earlier trial ({res.reason})"
+        res.extra.update(self.where)
+        if pre is not None:
+            res.extra["precompile"] = pre
+        return res.to_dict()
+
+    def _eager(self, kernel: str, shape: dict, dtype: str, seed: int, compiled: bool) -> dict:
+        from harness import kernel_api
+
+        fam = kernel_api.get(kernel)
+        self._problem_loaded(kernel, fam, shape, dtype, seed, None)
+        if self.pre is not None:  # the problem in hand: its trials may run as they compile
+            self._current = (problem_key(kernel, shape, dtype, seed), fam, shape, dtype, seed)
+        res = self.measurer.measure_eager(fam, shape, dtype, seed, compiled)
+        if res.fatal:
+            self.poisoned = f"the device context was poisoned by an earlier task ({res.reason})"
+        res.extra.update(self.where)
+        res.extra["peaks"] = self.peaks()
+        return res.to_dict()
+
+    # -- loading ahead --------------------------------------------------------------------
+    def _load_ahead(self) -> None:
+        """While the current task is measured, load the binary of the config to run next
+        (``_pick``) into this process (``load_only``: Triton's in-memory cache,
+        the GPU module, the launcher), once its compile child is done, so that its first
+        launch only launches (1.7 ms less a config of an 8192^3 matmul on an H200). Only
+        binaries compiled ahead successfully: a compile here would compete with the
+        timing for the CPU. Called when a measure task starts and when the next one
+        arrives."""
+        from harness import kernel_api
+
+        current = self._current
+        if self.pre is None or current is None:
+            return
+        problem, fam, shape, dtype, seed = current
+        upcoming = self._pick(block=False)
+        with self._cv:
+            nxt = self._tasks.get(self._next if upcoming is None else upcoming)
+        if nxt is None or nxt[0] != "measure" or not hasattr(fam, "load_only"):
+            return
+        kernel, n_shape, n_dtype, config, n_seed = nxt[1][:5]
+        if (kernel_api.get(kernel) is not fam
+                or problem_key(kernel, n_shape, n_dtype, n_seed) != problem):
+            return
+        inputs = self.measurer.held(fam, shape, dtype, seed)
+        compiling = self.pre.pending(problem, config)
+        key = (problem, config_key(config))
+        with self._load_lock:
+            # Only a config whose compile is done: the one loading thread must never wait
+            # on a compile (it held up every later load: 3-4 s of GPU idle at an H200
+            # run's start, when the oldest task's config was still compiling).
+            if inputs is None or compiling is None or not compiling.done() or key in self._loads:
+                return
+            while len(self._loads) > 8:  # never collected (the task was requeued elsewhere)
+                self._loads.pop(next(iter(self._loads)))
+            self._loads[key] = self._loader.submit(self._load_one, compiling, fam, inputs,
+                                                   dict(shape), dict(config))
+
+    def _load_one(self, compiling: Future, fam: Any, inputs: Any, shape: dict,
+                  config: dict) -> None:
+        try:
+            if not compiling.result(timeout=PRECOMPILE_WAIT_S).get("ok") or self.poisoned:
+                return
+            fam.load_only(inputs, shape, config)
+        except Exception:  # the config's own first launch meets the error and reports it
+            pass
+
+    def _loaded(self, problem: str, config: dict) -> None:
+        """Wait for a load ahead of ``config`` that is under way (so that its first launch
+        does not load it a second time)."""
+        with self._load_lock:
+            fut = self._loads.pop((problem, config_key(config)), None)
+        if fut is not None:
+            try:
+                fut.result(timeout=60)
+            except Exception:  # timed out: the first launch loads it itself
+                pass
+
+    # -- compiling ahead ------------------------------------------------------------------
+    def _hint(self, kernel: str, shape: dict, dtype: str, seed: int, configs: list) -> None:
+        """Start compiling ``configs`` now if their problem's inputs are known, else as
+        soon as the task loop has built them."""
+        from harness import kernel_api
+
+        if not hasattr(kernel_api.get(kernel), "compile_only"):
+            return  # the family compiles on first launch only
+        problem = problem_key(kernel, shape, dtype, seed)
+        with self._hint_lock:
+            skel = self._skeletons.get(problem)
+            if skel is None:
+                self._stash.setdefault(problem, []).extend(configs)
+                return
+        self.pre.submit(problem, kernel, shape, skel, configs)  # type: ignore[union-attr]
+
+    def _problem_loaded(self, kernel: str, fam: Any, shape: dict, dtype: str, seed: int,
+                        config: dict | None) -> dict[str, Any] | None:
+        """Build the problem's inputs, start the compiles hinted for it, and wait for
+        ``config``'s own (None where it has none)."""
+        if self.pre is None or not hasattr(fam, "compile_only"):
+            return None
+        problem = problem_key(kernel, shape, dtype, seed)
+        try:
+            inputs = self.measurer.prepare(fam, shape, dtype, seed)
+        except Exception:
+            return None  # the measurement reports it
+        with self._hint_lock:
+            if problem not in self._skeletons:
+                while len(self._skeletons) >= 8:
+                    self._skeletons.pop(next(iter(self._skeletons)))
+                self._skeletons[problem] = skeleton(inputs)
+            skel = self._skeletons[problem]
+            stashed = self._stash.pop(problem, [])
+        if stashed:
+            self.pre.submit(problem, kernel, shape, skel, stashed)
+        if config is None:
+            return None
+        return self.pre.wait(problem, config)
+

@@ -1,0 +1,423 @@
+"""The scheduler: which study's work each GPU gets next, from the first baseline to the
+last re-measurement, with no step that waits for all studies.
+
+Each worker with room takes work from the study it serves; a worker whose study has
+nothing to hand out takes the study served by the fewest workers, so that studies spread
+over every GPU of their hardware key, and several GPUs share a study once fewer studies
+than GPUs are left. A study re-measures its finalists (``harness.remeasure``) as soon as
+its own search is over, on one GPU, while other studies still search; that takes
+precedence over search work, so that the last studies do not end in a long tail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness import experiment, kernel_api, remeasure, spaces, warmstart
+from harness.fleet import Fleet, Task
+from harness.hardware import spec_for_key
+from harness.kernel_api import DeviceSpec
+from harness.measure import TrialResult
+from harness.run_logging import Logs, trial_record
+from harness.search import Search, grid_order
+
+#: The most configs a new worker is given to compile while it starts (``known_configs``):
+#: the first of a larger grid, in the order they will be asked for. Well under what the
+#: compile-ahead keeps track of (``Precompiler.MAX_PENDING``), which forgets the oldest.
+MAX_KNOWN = 512
+#: Grid positions ``known_configs`` checks at most (a large space, valid configs sparse).
+MAX_GRID_SCAN = 20_000
+
+
+@dataclass
+class StudyState:
+    spec: experiment.StudySpec
+    search: Search
+    run_id: str
+    device: DeviceSpec
+    worker: dict[str, Any]
+    in_flight: int = 0
+    eager: dict[str, Any] | None = None  # the PyTorch eager baseline's result
+    default: dict[str, Any] | None = None  # the kernel's default config's result
+    compiled: dict[str, Any] | None = None  # the eager code under torch.compile
+    want_compile: bool = False  # whether this study times the torch.compile baseline
+    pending: set[str] = field(default_factory=set)  # baselines in flight
+    failures: int = 0
+    best_ms: float = math.inf
+    candidates: list[remeasure.Candidate] = field(default_factory=list)  # re-measured top k
+    # The pack's current winner as this study measured it (config, result), if near the best
+    incumbent: tuple[dict[str, Any], dict[str, Any]] | None = None
+    default_config: dict[str, Any] | None = None  # the default among the candidates
+    final: tuple[dict[str, Any], str] | None = None  # (winner config, why) after re-measuring
+    full: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # past the cheap pass
+    #: "search", then "remeasure" (its finalists, on ``slot``), then "done"
+    phase: str = "search"
+    remeasure_todo: list[Task] = field(default_factory=list)
+    remeasure_left: int = 0
+    slot: int | None = None  # the worker that re-measures it
+    #: When its search ended and its re-measurement began and ended (monotonic seconds)
+    times: dict[str, float] = field(default_factory=dict)
+
+
+def first_studies(specs: list[experiment.StudySpec]) -> dict[str, experiment.StudySpec]:
+    """Each hardware key's first study: the one its workers start on."""
+    out: dict[str, experiment.StudySpec] = {}
+    for spec in specs:
+        out.setdefault(spec.hardware, spec)
+    return out
+
+
+def known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
+                   path: str | Path) -> list[dict[str, Any]]:
+    """The configs a study is known to measure before its search starts: the kernel's
+    default (a baseline), the packs' winners it starts from (``search.seed_from_packs``)
+    and, for a grid, its first ``trials`` configs that pass static pruning on the
+    hardware key's static spec, in the grid's order (the worker's own device prunes
+    again; a config compiled ahead in vain costs a compile child's time, not the GPU's)."""
+    fam = kernel_api.get(spec.kernel)
+    device = spec_for_key(spec.hardware)
+    space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], device.vendor,
+                           spec.hardware, where=str(path))
+    # The search asks first for the configs it enqueues (the winners of packs), then
+    # for the grid in its sampler's order: compiled in that order, what is timed first
+    # is compiled first.
+    out = [dict(fam.default_config)]
+    if exp.search.seed_from_packs:
+        out += [dict(c) for c, _ in warmstart.seeds_from_packs(
+            exp.output.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
+    if exp.search.sampler != "grid":
+        return out  # the sampler's choices are not known ahead
+    grid = 0  # the grid walks the valid configs in its order: these come first
+    for config in itertools.islice(grid_order(space, exp.seed), MAX_GRID_SCAN):
+        if len(out) >= MAX_KNOWN or grid >= exp.search.trials:
+            break
+        if fam.check_config({**fam.default_config, **config}, spec.shape, device) is None:
+            out.append(config)
+            grid += 1
+    return out
+
+
+def study_task(st: StudyState, hw: str, searching: bool = True) -> Task | None:
+    """The study's next search task: its baselines first (PyTorch eager and the kernel's
+    default config, measured even where the default is outside the space), then its
+    trials; None when it has none to hand out now. ``searching``: False once the run's
+    time is up (baselines and trials in their full pass only)."""
+    spec = st.spec
+    if st.eager is None and "eager" not in st.pending:
+        st.pending.add("eager")
+        return Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, False), ("eager", st))
+    if st.default is None and "default" not in st.pending:
+        st.pending.add("default")
+        default = kernel_api.get(spec.kernel).default_config
+        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, default, 0),
+                    ("default", st))
+    if st.want_compile and st.compiled is None and "compile" not in st.pending:
+        st.pending.add("compile")
+        return Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, True), ("compile", st))
+    if st.full:  # configs the pruner let through their cheap pass: now in full
+        trial, config = st.full.pop(0)
+        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
+                    ("trial", st, trial, config))
+    if not searching:
+        return None
+    asked = st.search.ask(st.in_flight)
+    if asked is None:
+        return None
+    trial, config = asked
+    st.in_flight += 1
+    settings = st.search.settings
+    if settings.pruner != "none":  # multi-fidelity: a cheap pass first
+        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0,
+                                    {"rep_ms": settings.cheap_rep_ms,
+                                     "warmup_ms": settings.cheap_rep_ms}),
+                    ("cheap", st, trial, config))
+    return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
+                ("trial", st, trial, config))
+
+
+def remeasure_tasks(exp: experiment.Experiment, st: Any) -> list[Task]:
+    """The re-measurements of ``st.candidates``: ``remeasure_rounds`` interleaved
+    rounds, each timed with ``remeasure_rep_ms`` (at least the search's budget), tagged
+    with the candidate and the round."""
+    rep = max(exp.search.remeasure_rep_ms, exp.timing.rep_ms)
+    longer = ({"rep_ms": rep},) if rep > exp.timing.rep_ms else ()
+    n_cands = len(st.candidates)
+    # One GPU for all of a study's re-measurements (one group): interleaving only
+    # cancels drifts if the candidates are compared on the same device.
+    return [Task(st.spec.hardware, "measure",
+                 (st.spec.kernel, st.spec.shape, st.spec.dtype, st.candidates[i].config, 0,
+                  *longer),
+                 ("remeasure", st, i, n // n_cands), group=f"remeasure {st.spec.name}")
+            for n, i in enumerate(remeasure.schedule(n_cands, exp.search.remeasure_rounds))]
+
+
+def incumbent(exp: experiment.Experiment, st: StudyState,
+              top: list[tuple[dict[str, Any], dict[str, Any]]]
+              ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The pack's current winner for the study's shape, as the study measured it (its
+    trial's config and result), where the search found it within
+    ``remeasure.INCUMBENT_BAND`` of its best; where the search never measured it (a
+    narrower space, or a sampler that did not draw it), the pack's config with no
+    result, so that it is re-measured beside the top configs all the same and a search
+    cannot replace it unseen; None where there is none, or it cannot run here."""
+    fam = kernel_api.get(st.spec.kernel)
+    held = warmstart.incumbent(exp.output.packs_dir, fam, st.spec.dtype, st.spec.hardware,
+                               st.spec.shape)
+    if held is None:
+        return None
+    best = top[0][1].get("latency_ms", math.nan)
+    for cfg, res in st.search.top(10**9):
+        if {**fam.default_config, **cfg} == held:
+            near = res.get("latency_ms", math.inf) <= best * (1 + remeasure.INCUMBENT_BAND)
+            return (cfg, res) if near else None
+    if fam.check_config(held, st.spec.shape, st.device) is not None:
+        return None
+    return held, {}
+
+
+def _default_candidate(st: StudyState) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The kernel's default config with its baseline measurement, where it measured ok
+    (it is re-measured beside the finalists and is never beaten within noise)."""
+    if not st.default or not st.default.get("ok", True) or not st.default.get("latency_ms"):
+        return None
+    fam = kernel_api.get(st.spec.kernel)
+    if fam.check_config(dict(fam.default_config), st.spec.shape, st.device) is not None:
+        return None
+    space = st.search.space
+    cfg = {k: v for k, v in fam.default_config.items() if k in space}
+    return cfg, st.default
+
+
+def start_remeasure(exp: experiment.Experiment, st: StudyState) -> None:
+    """The study's search is over: plan its finalists' re-measurement (or, with fewer
+    than two finalists, be done)."""
+    st.times["search_done"] = time.monotonic()
+    k = remeasure.top_k(exp.search.remeasure_top_k, st.device.interpreted)
+    top = st.search.top(k) if k > 1 else []
+    if len(top) >= 2:
+        st.incumbent = incumbent(exp, st, top)
+        default = _default_candidate(st)
+        st.default_config = default[0] if default else None
+        st.candidates = remeasure.candidates(top, st.incumbent, default)
+        st.remeasure_todo = remeasure_tasks(exp, st)
+        st.remeasure_left = len(st.remeasure_todo)
+    st.phase = "remeasure" if st.remeasure_todo else "done"
+    if st.phase == "done":
+        st.times["done"] = time.monotonic()
+
+
+def decide(studies: list[StudyState]) -> None:
+    """Each re-measured study's winner: its fastest finalist, ties broken by robustness
+    across the neighbouring studies of the same kernel, dtype and hardware, the pack's
+    current winner, and the kernel's default config above all (``remeasure.decide``)."""
+    for st in studies:
+        if not st.candidates:
+            continue
+        others = [remeasure.best_estimates(o.search.latencies(), o.candidates)
+                  for o in studies if o is not st
+                  and (o.spec.kernel, o.spec.dtype, o.spec.hardware)
+                  == (st.spec.kernel, st.spec.dtype, st.spec.hardware)]
+        chosen = remeasure.decide(st.candidates,
+                                  lambda c, n=others: remeasure.robustness(c, n),
+                                  incumbent=st.incumbent[0] if st.incumbent else None,
+                                  default=st.default_config)
+        if chosen is not None:
+            st.final = (chosen[0].config, chosen[1])
+
+
+def record(task: Task, result: TrialResult, logs: Logs, trial_log: Path) -> None:
+    """A search task's result: told to its study (Optuna first: it is what --resume
+    trusts), sent to the MLflow logger."""
+    kind, st = task.tag[0], task.tag[1]
+    if isinstance(st, str):
+        return  # a baseline sent before its study was set up, which then was not
+    if kind in ("eager", "default", "compile"):
+        st.pending.discard(kind)
+        setattr(st, "compiled" if kind == "compile" else kind, result.to_dict())
+        st.search.set_attr(kind, result.to_dict())
+        logs.log(st.run_id, metrics={f"{kind}_latency_ms": result.latency_ms},
+                 params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
+        return
+    _, st, trial, config = task.tag
+    if kind == "cheap":
+        if not st.search.cheap(trial, config, result):
+            st.full.append((trial, config))  # may win: measured in full next
+            return
+        if result.ok:  # cut by the pruner after its cheap pass
+            st.in_flight -= 1
+            logs.trial(trial_log, trial_record(st, trial.number, dict(config),
+                                                result.to_dict(), "cut"))
+            return
+    else:
+        st.search.tell(trial, config, result)  # Optuna first: it is what --resume trusts
+    st.in_flight -= 1
+    status = "measured" if result.ok else "failed"
+    if result.ok:
+        st.best_ms = min(st.best_ms, result.latency_ms)
+    else:
+        st.failures += 1
+    logs.trial(trial_log, trial_record(st, trial.number, dict(config), result.to_dict(),
+                                        status))
+
+
+class Scheduler:
+    """Hands each worker its next tasks and takes the results back (``run``)."""
+
+    def __init__(self, exp: experiment.Experiment, fleet: Fleet, studies: list[StudyState],
+                 on_result: Callable[[Task, TrialResult], None]) -> None:
+        self.exp, self.fleet, self.studies = exp, fleet, studies
+        self.on_result = on_result
+        self.by_hw: dict[str, list[StudyState]] = {}
+        for st in studies:
+            self.by_hw.setdefault(st.spec.hardware, []).append(st)
+        self.serving: dict[int, StudyState] = {}  # worker slot -> the study it serves
+        self.deadline = ((time.monotonic() + exp.search.timeout_s) if exp.search.timeout_s
+                         else math.inf)
+        #: Driver seconds spent choosing and sending tasks, and handling results
+        self.driver_s = {"hand_out": 0.0, "results": 0.0, "tasks": 0}
+
+    # -- choosing ---------------------------------------------------------------------
+    def _searching(self) -> bool:
+        return time.monotonic() <= self.deadline
+
+    def _advance(self, st: StudyState) -> None:
+        """A study whose search has nothing left and nothing in flight re-measures."""
+        if (st.phase == "search" and st.in_flight == 0 and not st.pending and not st.full
+                and (not self._searching() or st.search.done(0))):
+            start_remeasure(self.exp, st)
+
+    def _task_for(self, st: StudyState, slot: int, hw: str) -> Task | None:
+        if st.phase == "remeasure":
+            if st.slot is None:
+                st.slot = slot
+                st.times["remeasure_started"] = time.monotonic()
+            if st.slot != slot or not st.remeasure_todo:
+                return None
+            return st.remeasure_todo.pop(0)
+        if st.phase != "search":
+            return None
+        task = study_task(st, hw, self._searching())
+        if task is None:
+            self._advance(st)
+        return task
+
+    def _next(self, slot: int, hw: str) -> Task | None:
+        """The slot's next task: its study's re-measurement, a re-measurement waiting
+        for a GPU, its own study's search, then the study the fewest workers serve."""
+        sts = self.by_hw[hw]
+        mine = self.serving.get(slot)
+        waiting = [s for s in sts if s.phase == "remeasure" and s.slot is None]
+        order: list[StudyState] = []
+        if mine is not None and mine.phase == "remeasure" and mine.slot == slot:
+            order.append(mine)
+        order += [s for s in sts if s.phase == "remeasure" and s.slot == slot
+                  and s is not mine]
+        order += waiting
+        if mine is not None and mine.phase == "search":
+            order.append(mine)
+        load = {id(s): 0 for s in sts}
+        for s in self.serving.values():
+            if id(s) in load:
+                load[id(s)] += 1
+        order += sorted((s for s in sts if s.phase == "search" and s is not mine),
+                        key=lambda s: load[id(s)])
+        for st in order:
+            task = self._task_for(st, slot, hw)
+            if task is not None:
+                self.serving[slot] = st
+                return task
+        return None
+
+    def _hand_out(self) -> bool:
+        """Fill every worker's queue; whether any work is left to hand out later."""
+        t0 = time.perf_counter()
+        left = False
+        for hw in self.by_hw:
+            for slot, room in self.fleet.rooms(hw).items():
+                for _ in range(room):
+                    task = self._next(slot, hw)
+                    if task is None:
+                        break
+                    self.fleet.submit(task, to=slot)
+                    self.driver_s["tasks"] += 1
+            left |= any(s.phase != "done" for s in self.by_hw[hw]) and bool(
+                self.fleet.workers(hw))
+        self.driver_s["hand_out"] += time.perf_counter() - t0
+        return left
+
+    # -- results ----------------------------------------------------------------------
+    def _result(self, task: Task, result: TrialResult) -> None:
+        kind, st = task.tag[0], task.tag[1]
+        if kind == "remeasure":
+            _, st, i, round_ = task.tag
+            cand = st.candidates[i]
+            if result.ok:
+                cand.add(result.latency_ms, round_, result.to_dict())
+            else:
+                cand.failures.append(result.reason)
+            st.remeasure_left -= 1
+            if st.remeasure_left <= 0:
+                st.phase = "done"
+                st.times["done"] = time.monotonic()
+            return
+        self.on_result(task, result)
+        if not isinstance(st, str):
+            self._advance(st)
+
+    def _give_up(self, hw: str) -> None:
+        """Every worker of ``hw`` is gone: its studies keep what came back."""
+        for st in self.by_hw[hw]:
+            if st.phase != "done":
+                st.phase = "done"
+                st.times["done"] = time.monotonic()
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self, console: Console, show: bool) -> None:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+                      console=console, disable=not show, transient=False) as prog:
+            bars = {hw: prog.add_task(
+                f"{hw:>6}", total=sum(min(s.search.settings.trials, s.search.grid) for s in sts),
+                completed=sum(s.search.measured for s in sts), status="")
+                for hw, sts in self.by_hw.items()}
+
+            def refresh(hw: str) -> None:
+                sts = self.by_hw[hw]
+                best = [f"{s.spec.shape_key}: {s.best_ms:.3g} ms" for s in sts
+                        if s.best_ms < math.inf]
+                fails = sum(s.failures for s in sts)
+                done = sum(s.phase == "done" for s in sts)
+                prog.update(bars[hw],
+                            completed=sum(s.search.measured - s.in_flight for s in sts),
+                            status=f"best {'; '.join(best[-2:]) or '-'} | failed {fails} | "
+                                   f"studies done {done}/{len(sts)}")
+
+            while True:
+                for sts in self.by_hw.values():
+                    for st in sts:
+                        self._advance(st)
+                left = self._hand_out()
+                if self.fleet.in_flight() == 0 and not left:
+                    break
+                polled = self.fleet.poll(0.5)
+                t0 = time.perf_counter()
+                for task, result in polled:
+                    self._result(task, result)
+                self.driver_s["results"] += time.perf_counter() - t0
+                for hw in {t.hardware for t, _ in polled}:
+                    refresh(hw)
+                for hw in self.by_hw:
+                    if not self.fleet.workers(hw):
+                        self._give_up(hw)
+            for hw in self.by_hw:
+                refresh(hw)
+        decide(self.studies)
