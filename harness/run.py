@@ -65,12 +65,11 @@ class Summary:
     retried: int = 0  # trials sent again after their worker was lost
     events: list[str] = field(default_factory=list)
     resumed: dict[str, Any] = field(default_factory=dict)  # what --resume found
-    #: The driver's own seconds: choosing and sending tasks, handling results, and tasks
-    driver_s: dict[str, float] = field(default_factory=dict)
-    #: study -> wall seconds at which its search ended, its re-measurement began and ended
-    studies_timeline: dict[str, dict[str, float]] = field(default_factory=dict)
-    #: node id -> its compile service's figures (processes, compiled, deduplicated, ...)
-    compile_services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The fleet's figures: ``workers`` (each GPU's held seconds and where they went),
+    #: ``driver_s`` (the driver's own seconds choosing and sending tasks and handling
+    #: results, and the tasks), ``studies`` (wall seconds at which each study's search
+    #: ended and its re-measurement began and ended), ``compile_services`` (per node)
+    fleet: dict[str, Any] = field(default_factory=dict)
 
 
 def _device_from_info(info: dict[str, Any]) -> DeviceSpec:
@@ -279,9 +278,14 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     finally:
         summary.mark("search_done")
         fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
-    summary.driver_s = {k: round(v, 3) for k, v in sched.driver_s.items()}
-    summary.studies_timeline = {st.spec.name: {k: round(v - summary.t0, 2)
-                                               for k, v in st.times.items()} for st in studies}
+    for step in ("first_trial", "last_trial", "last_result"):
+        if step in sched.times:
+            summary.timeline[step] = round(sched.times[step] - summary.t0, 2)
+    summary.fleet = {
+        "workers": fleet.worker_report(),
+        "driver_s": {k: round(v, 3) for k, v in sched.driver_s.items()},
+        "studies": {st.spec.name: {k: round(v - summary.t0, 2) for k, v in st.times.items()}
+                    for st in studies}}
     _account(fleet, summary, console)
     # The packs first: MLflow's catching up and the plots come after them.
     freeze.keep_previous_packs(exp, studies)
@@ -390,7 +394,7 @@ def _account(fleet: Fleet, summary: Summary, console: Console) -> None:
     summary.timing_fraction = summary.timing_s / summary.held_s if summary.held_s else math.nan
     summary.overhead = _overhead(fleet.phases, summary.held_s)
     summary.first_calls = dict(fleet.first_calls)
-    summary.compile_services = fleet.last_compile_stats
+    summary.fleet["compile_services"] = fleet.last_compile_stats
     if fleet.first_calls["ahead_missed"]:
         console.print(f"[yellow]compile-ahead: {fleet.first_calls['ahead_missed']} first "
                       "launches compiled again in the worker although a compile child had "

@@ -284,6 +284,9 @@ class Scheduler:
                          else math.inf)
         #: Driver seconds spent choosing and sending tasks, and handling results
         self.driver_s = {"hand_out": 0.0, "results": 0.0, "tasks": 0}
+        #: When the first and last search trials' results came, and the last result
+        self.times: dict[str, float] = {}
+
 
     # -- choosing ---------------------------------------------------------------------
     def _searching(self) -> bool:
@@ -357,6 +360,7 @@ class Scheduler:
     # -- results ----------------------------------------------------------------------
     def _result(self, task: Task, result: TrialResult) -> None:
         kind, st = task.tag[0], task.tag[1]
+        self.times["last_result"] = time.monotonic()
         if kind == "remeasure":
             _, st, i, round_ = task.tag
             cand = st.candidates[i]
@@ -369,6 +373,9 @@ class Scheduler:
                 st.phase = "done"
                 st.times["done"] = time.monotonic()
             return
+        if kind in ("trial", "cheap"):
+            self.times.setdefault("first_trial", time.monotonic())
+            self.times["last_trial"] = time.monotonic()
         self.on_result(task, result)
         if not isinstance(st, str):
             self._advance(st)

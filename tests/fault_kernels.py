@@ -70,13 +70,14 @@ def record(event: str, config: Config, **extra: Any) -> None:
     root = os.environ.get("FAULT_DIR")
     if not root:
         return
-    node = None
+    # A compile child is no Ray worker: its node is its compile service's.
+    node = os.environ.get("HARNESS_NODE_ID")
     try:
         import ray
 
         if ray.is_initialized():
             node = ray.get_runtime_context().get_node_id()
-    except Exception:  # a compile child is no Ray worker
+    except Exception:
         pass
     line = json.dumps({"event": event, "config": dict(config), "pid": os.getpid(),
                        "node": node, "t": time.time(), **extra}, sort_keys=True)
@@ -173,14 +174,14 @@ class Faulty(Kernel):
         """Records that a compile child saw ``config`` (and compiles it on a GPU), after
         ``COMPILE_MS``: a config that is slow to compile."""
         time.sleep(float({**self.default_config, **config}["COMPILE_MS"]) / 1e3)
-        self._warmup("compile", inputs, config)
+        self._warmup("compile", inputs, config, N=shape["N"])
 
     def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
         """Records that the worker loaded ``config`` ahead (and loads it on a GPU)."""
         self._warmup("load", inputs, config)
 
-    def _warmup(self, event: str, inputs: Inputs, config: Config) -> None:
-        record(event, config)
+    def _warmup(self, event: str, inputs: Inputs, config: Config, **extra: Any) -> None:
+        record(event, config, **extra)
         cfg = {**self.default_config, **config}
         if not _interpreted():
             x = inputs["x"]

@@ -552,3 +552,23 @@ def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events,
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline and kept():
         time.sleep(0.5)  # the kept worker leaves once idle: the simulated GPU is free again
+
+
+def test_a_study_remeasures_while_another_still_searches(cl, events, tmp_path: Path) -> None:
+    """No barrier between search and re-measurement: on one GPU, the first study's
+    finalists are re-measured as soon as its own search is over, before the second
+    study's search ends, and both studies freeze a re-measured winner."""
+    path = _experiment(tmp_path, name="nobarrier", hardware=["H200"],
+                       shapes=[{"N": 256}, {"N": 512}],
+                       search={"sampler": "grid", "trials": 4, "warm_start": False,
+                               "remeasure_top_k": 2, "remeasure_rounds": 2},
+                       search_space={"params": {"FAULT": ["none"],
+                                                "SLEEP_MS": [0, 20, 40, 60]}},
+                       fleet={"queue_depth": 2, "compile_workers": 0})
+    summary, _ = _run(path)
+    studies = summary.fleet["studies"]
+    first, second = sorted(studies.values(), key=lambda t: t["search_done"])
+    assert first["remeasure_started"] < second["search_done"], studies
+    assert first["done"] <= second["done"]
+    assert all(r["remeasure_rounds"] == 2 and r["params"]["SLEEP_MS"] == 0
+               for r in summary.rows), summary.rows

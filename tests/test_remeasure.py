@@ -369,3 +369,31 @@ def test_a_block_named_switch_is_no_tile_size() -> None:
     near = Candidate(plain, 0.50, samples=[0.507, 0.509, 0.512, 0.515, 0.512], rounds=rounds)
     win, why = remeasure.pick([near, best])
     assert win is best, why
+
+
+def test_the_default_config_wins_ties_and_loses_only_to_a_measurably_faster_one() -> None:
+    """The default config is re-measured beside the finalists: within noise of the
+    fastest it is frozen (never a config the GPU cannot tell from it), and a config that
+    is measurably faster in every round still wins."""
+    rounds = [0, 1, 2, 3, 4]
+    default = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+    tuned = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
+    d = Candidate(default, 1.0, samples=[1.004, 1.01, 0.998, 1.006, 1.002], rounds=rounds)
+    t = Candidate(tuned, 0.99, samples=[1.0, 1.003, 1.0, 1.001, 0.999], rounds=rounds)
+    # pick alone would take the smaller footprint (2 stages) of the tied pair ...
+    assert remeasure.pick([t, d])[0] is t
+    win, why = remeasure.decide([t, d], lambda c: math.inf, None, default)
+    assert win is d and "default" in why
+    # ... and without the default among the finalists nothing changes.
+    assert remeasure.decide([t, d], lambda c: math.inf, None, None)[0] is t
+    fast = Candidate(tuned, 0.9, samples=[0.95, 0.96, 0.95, 0.955, 0.95], rounds=rounds)
+    assert remeasure.decide([fast, d], lambda c: math.inf, None, default)[0] is fast
+
+
+def test_the_finalists_are_the_top_configs_the_incumbent_and_the_default_once_each() -> None:
+    top = [({"B": 1}, {"latency_ms": 1.0}), ({"B": 2}, {"latency_ms": 1.1})]
+    cands = remeasure.candidates(top, ({"B": 2}, {"latency_ms": 1.1}),
+                                 ({"B": 3}, {"latency_ms": 1.5}))
+    assert [c.config for c in cands] == [{"B": 1}, {"B": 2}, {"B": 3}]
+    assert cands[2].search_ms == 1.5
+    assert len(remeasure.candidates(top, None, ({"B": 1}, {"latency_ms": 1.2}))) == 2

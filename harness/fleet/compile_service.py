@@ -15,6 +15,7 @@ the whole node's compilers, not its share of them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -149,6 +150,11 @@ class _Service:
 class CompileService(_Service):
     """The node's compile service as a Ray actor (threaded: workers wait on it at once)."""
 
+    def __init__(self, processes: int, idle_exit_s: float = 0.0) -> None:
+        # Its compile processes say which node they compile for (logs, tests).
+        os.environ["HARNESS_NODE_ID"] = ray.get_runtime_context().get_node_id()
+        super().__init__(processes, idle_exit_s)
+
 
 def start_services(nodes: Mapping[str, tuple[float, int]], setting: int | str,
                    idle_exit_s: float = 0.0) -> dict[str, Any]:
@@ -195,10 +201,25 @@ class NodeCompiler:
         self._futures: dict[Key, Future] = {}
         self._wake = threading.Event()
         self._lost = ""
+        self._defaults: dict[str, dict[str, Any]] = {}  # problem -> its kernel's defaults
         threading.Thread(target=self._poll, name="harness-compile-client", daemon=True).start()
 
     def start(self) -> None:
         """The service started its processes itself."""
+
+    def _full(self, problem: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``config`` with the kernel's defaults filled in: the default config sent whole
+        and the same config of a grid (its tunables only) are one binary, one key."""
+        defaults = self._defaults.get(problem)
+        if defaults is None:
+            from harness import kernel_api
+
+            try:
+                defaults = dict(kernel_api.get(json.loads(problem)[0]).default_config)
+            except Exception:  # keyed as given
+                defaults = {}
+            self._defaults[problem] = defaults
+        return {**defaults, **config}
 
     def submit(self, problem: str, kernel: str, shape: Mapping[str, int], skel: Any,
                configs: Sequence[Mapping[str, Any]]) -> None:
@@ -207,23 +228,26 @@ class NodeCompiler:
             if self._lost:
                 return
             for config in configs:
-                key = (problem, config_key(config))
+                full = self._full(problem, config)
+                key = (problem, config_key(full))
                 if key not in self._futures:
                     self._futures[key] = Future()
-                    fresh.append(dict(config))
+                    fresh.append(full)
         if fresh:
             self.submitted += len(fresh)
             self.service.submit.remote(problem, kernel, dict(shape), skel, fresh)
             self._wake.set()
 
     def pending(self, problem: str, config: Mapping[str, Any]) -> Future | None:
+        key = (problem, config_key(self._full(problem, config)))
         with self._lock:
-            return self._futures.get((problem, config_key(config)))
+            return self._futures.get(key)
 
     def wait(self, problem: str, config: Mapping[str, Any],
              timeout_s: float = PRECOMPILE_WAIT_S) -> dict[str, Any] | None:
+        key = (problem, config_key(self._full(problem, config)))
         with self._lock:
-            fut = self._futures.pop((problem, config_key(config)), None)
+            fut = self._futures.pop(key, None)
         if fut is None:
             return None
         try:

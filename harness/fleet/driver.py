@@ -184,7 +184,7 @@ class Fleet(Workers):
         slot.head_started = now
         result = TrialResult(**raw)
         self.timing_s[hw] = self.timing_s.get(hw, 0.0) + (result.timing_s or 0.0)
-        self._book(task, result)
+        self._book(task, result, slot)
         if result.extra.get("requeue"):  # skipped by a poisoned worker: not its fault
             self._requeue.append(task)
             return
@@ -259,8 +259,9 @@ class Fleet(Workers):
         self._requeue = keep
 
     # -- accounting -------------------------------------------------------------------
-    def _book(self, task: Task, result: TrialResult) -> None:
-        """Add a result's worker time to ``phases``: where the GPU-held time went."""
+    def _book(self, task: Task, result: TrialResult, slot: _Slot | None = None) -> None:
+        """Add a result's worker time to ``phases`` (and to its worker's own book):
+        where the GPU-held time went."""
         extra = result.extra
         baseline = task.method == "eager"
         parts = {
@@ -275,6 +276,10 @@ class Fleet(Workers):
         }
         for k, v in parts.items():
             self.phases[k] = self.phases.get(k, 0.0) + max(0.0, float(v))
+            if slot is not None:
+                slot.book[k] = slot.book.get(k, 0.0) + max(0.0, float(v))
+        if slot is not None:
+            slot.book["tasks"] = slot.book.get("tasks", 0) + 1
         if not baseline and "first_call_compiled" in extra:
             self.first_calls["watched"] += 1
             if extra["first_call_compiled"]:

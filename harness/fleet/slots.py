@@ -83,6 +83,8 @@ class _Slot:
     head_started: float = 0.0
     kept: bool = False  # a detached worker that outlives the run
     id: int = field(default_factory=lambda: next(_SLOT_IDS))  # kept by its replacements
+    held_s: float = 0.0  # GPU-held seconds of its workers already gone
+    book: dict[str, float] = field(default_factory=dict)  # its seconds by phase (Fleet._book)
 
 
 _SLOT_IDS = itertools.count()
@@ -115,6 +117,7 @@ class Workers(Cluster):
         self.services: dict[str, Any] = {}  # node id -> its compile service
         self._shares: dict[str, int] = {}  # node id -> compile processes per GPU worker
         self.last_compile_stats: dict[str, dict[str, Any]] = {}  # as the services closed
+        self._gone: list[_Slot] = []  # slots closed (their books kept for the report)
 
     # -- workers --------------------------------------------------------------------
     def _pick_name(self, key: str) -> str | None:
@@ -311,7 +314,9 @@ class Workers(Cluster):
         """Stop the slot's actor and book its GPU-held time."""
         if slot.ready_at is not None:
             self._held_closed += time.monotonic() - slot.ready_at
+            slot.held_s += time.monotonic() - slot.ready_at
             slot.ready_at = None
+        self._gone.append(slot)
         try:
             ray.kill(slot.actor, no_restart=True)
         except Exception:  # already dead
@@ -329,6 +334,22 @@ class Workers(Cluster):
         self.events.append(why)
         log.warning("%s", why)
 
+    def worker_report(self) -> list[dict[str, Any]]:
+        """Each GPU's worker (replacements included): where, how long it was held and
+        where that time went (timing, idle waiting for the driver, setup waiting for
+        compiles, ...)."""
+        now = time.monotonic()
+        out = []
+        for slot in {id(s): s for s in [*self._gone, *self.slots]}.values():
+            held = slot.held_s + (now - slot.ready_at if slot.ready_at is not None else 0.0)
+            book = {k: round(v, 3) for k, v in slot.book.items()}
+            timing = slot.book.get("timing_s", 0.0)
+            out.append({"hardware": slot.hardware, "node_id": slot.info.get("node_id", ""),
+                        "gpu_ids": slot.info.get("gpu_ids", []), "held_s": round(held, 3),
+                        "timing_fraction": round(timing / held, 4) if held else None,
+                        **book})
+        return out
+
     def held_s(self) -> float:
         """GPU-held seconds: each worker from ready to gone, summed."""
         now = time.monotonic()
@@ -339,7 +360,9 @@ class Workers(Cluster):
         for slot in self.slots:
             if slot.kept and slot.ready_at is not None and not slot.queue:
                 self._held_closed += time.monotonic() - slot.ready_at
+                slot.held_s += time.monotonic() - slot.ready_at
                 slot.ready_at = None
+                self._gone.append(slot)
                 slot.actor.release.remote(self.run_id)  # stays for the next run
             else:
                 self._close(slot)
