@@ -27,9 +27,10 @@ from harness.hardware import spec_for_key
 from harness.kernel_api import DeviceSpec
 from harness.measure import Timing
 from harness.run_logging import Logs
-from harness.search import Search, make_storage, storage_url
+from harness.search import Search, storage_url
 from harness.tracking.redact import redact
 from harness.tracking.tracker import Tracker, git_sha
+from harness.write_behind import WriteBehindStorage
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +239,10 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     fleet.launch({k: available[k] for k in targets}, first=None if resume else first)
     # MLflow and Optuna start up while the workers do (each takes seconds).
     url = storage_url(exp.output.runs_dir, exp.name)
-    storage = make_storage(url)
     if not resume:  # an earlier run's studies of this name: seconds to delete from sqlite
         for spec in planned:
             _drop_study(url, spec.name)
+    storage = WriteBehindStorage(url)
     tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
     # The search's MLflow logger starts (its own process: seconds) while the workers do.
@@ -272,9 +273,13 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
 
     summary.mark("search_started")
     sched = schedule.Scheduler(exp, fleet, studies,
-                               lambda t, r: schedule.record(t, r, logs, trial_log))
+                               lambda t, r: schedule.record(t, r, logs, trial_log),
+                               lambda: logs.release(storage.poll_stored()))
     try:
         sched.run(console, progress)
+    except BaseException:
+        storage.close()  # what was measured stays measured
+        raise
     finally:
         summary.mark("search_done")
         fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
@@ -294,6 +299,9 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     state_path.write_text(json.dumps({**run_state, "packs": summary.packs}))
     summary.rows = [freeze.row(st) for st in studies]
     try:
+        storage.close()  # every trial in optuna.db: the plots read them there
+        logs.release(storage.stored)
+        summary.mark("studies_stored")
         for st in studies:
             logs.plots(st.run_id, url, st.search.study.study_name, st.spec.name)
             logs.log(st.run_id, metrics={f"trials_{k}": v

@@ -79,6 +79,7 @@ class Logs:
         self._plotter: Any = None
         self._bg: _Background | None = None
         self.stats: dict[str, float] = {}  # TrialLogger.stats, as of the last flush
+        self._held: dict[tuple[str, int], tuple[Path, dict[str, Any]]] = {}  # see ``hold``
         try:
             self._actor = start_trial_logger(tracker.uri, experiment_name)
             self._plotter = start_trial_logger(tracker.uri, experiment_name, plots=True)
@@ -87,6 +88,17 @@ class Logs:
             self._local = TrialLogger.sharing(tracker)
             self._bg = _Background()
             self._bg.call(self._local.warm_plots)
+
+    def hold(self, key: tuple[str, int], trial_log: Path, rec: dict[str, Any]) -> None:
+        """Log a trial's record once its trial is in the persistent storage (``release``
+        with its (study, number)), so that MLflow never has a trial Optuna lost."""
+        self._held[key] = (trial_log, rec)
+
+    def release(self, stored: set[tuple[str, int]] | None = None) -> None:
+        """Log the held records of the trials in ``stored`` (None: every one held)."""
+        keys = list(self._held) if stored is None else [k for k in stored if k in self._held]
+        for key in sorted(keys, key=lambda k: k[1]):
+            self.trial(*self._held.pop(key))
 
     def trial(self, trial_log: Path, rec: dict[str, Any]) -> None:
         if self._actor is not None:

@@ -254,7 +254,8 @@ def record(task: Task, result: TrialResult, logs: Logs, trial_log: Path) -> None
             return
         if result.ok:  # cut by the pruner after its cheap pass
             st.in_flight -= 1
-            logs.trial(trial_log, trial_record(st, trial.number, dict(config),
+            logs.hold((st.search.study.study_name, trial.number), trial_log,
+                      trial_record(st, trial.number, dict(config),
                                                 result.to_dict(), "cut"))
             return
     else:
@@ -265,7 +266,8 @@ def record(task: Task, result: TrialResult, logs: Logs, trial_log: Path) -> None
         st.best_ms = min(st.best_ms, result.latency_ms)
     else:
         st.failures += 1
-    logs.trial(trial_log, trial_record(st, trial.number, dict(config), result.to_dict(),
+    logs.hold((st.search.study.study_name, trial.number), trial_log,
+              trial_record(st, trial.number, dict(config), result.to_dict(),
                                         status))
 
 
@@ -273,9 +275,12 @@ class Scheduler:
     """Hands each worker its next tasks and takes the results back (``run``)."""
 
     def __init__(self, exp: experiment.Experiment, fleet: Fleet, studies: list[StudyState],
-                 on_result: Callable[[Task, TrialResult], None]) -> None:
+                 on_result: Callable[[Task, TrialResult], None],
+                 on_tick: Callable[[], None] = lambda: None) -> None:
+        """``on_result``: a search task's result (``record``); ``on_tick``: called once
+        per turn of the loop (the storage's and the logger's bookkeeping)."""
         self.exp, self.fleet, self.studies = exp, fleet, studies
-        self.on_result = on_result
+        self.on_result, self.on_tick = on_result, on_tick
         self.by_hw: dict[str, list[StudyState]] = {}
         for st in studies:
             self.by_hw.setdefault(st.spec.hardware, []).append(st)
@@ -425,6 +430,7 @@ class Scheduler:
                 for hw in self.by_hw:
                     if not self.fleet.workers(hw):
                         self._give_up(hw)
+                self.on_tick()
             for hw in self.by_hw:
                 refresh(hw)
         decide(self.studies)
