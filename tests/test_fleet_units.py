@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -330,3 +331,40 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
     monkeypatch.setattr(hschedule, "MAX_KNOWN", 12)
     capped = _known_configs(exp, spec, path)
     assert len(capped) == 12 and capped[2:] == known[1:11]
+
+
+@pytest.mark.slow
+def test_the_node_compile_service_compiles_a_config_once_and_its_twins_after_it(
+        tmp_path: Path, monkeypatch) -> None:
+    """One service per node: a config asked for twice (two GPUs) compiles once; the same
+    config at another shape (often the same binary) starts only once the first is done."""
+    from harness.fleet.compile import problem_key, skeleton
+    from harness.fleet.compile_service import _Service
+    from tests.fault_kernels import Faulty
+
+    monkeypatch.setenv("FAULT_DIR", str(tmp_path))
+    monkeypatch.setenv("HARNESS_PRECOMPILE", "force")
+    svc = _Service(2)
+    try:
+        cfg = {**Faulty.default_config, "COMPILE_MS": 300}
+        keys = []
+        for n in (256, 512):
+            shape = {"N": n}
+            problem = problem_key(FAULTY, shape, "fp32", 0)
+            skel = skeleton(Faulty().make_inputs(shape, "fp32", 0, "cpu"))
+            for _ in range(2):  # two workers of the node ask for it
+                svc.submit(problem, FAULTY, shape, skel, [cfg])
+            keys.append((problem, fleet.config_key(cfg)))
+        got: dict = {}
+        deadline = time.monotonic() + 120
+        while len(got) < 2 and time.monotonic() < deadline:
+            got.update(svc.wait_any(keys, 5.0))
+        assert all(got[k]["ok"] for k in keys), got
+        info = svc.info()
+        assert info["requested"] == 4 and info["deduplicated"] == 2 and info["parked"] == 1
+    finally:
+        svc.close()
+    compiles = [e for e in read_events(tmp_path) if e["event"] == "compile"]
+    assert sorted(e["N"] for e in compiles) == [256, 512]  # once per shape, not per ask
+    first, second = sorted(compiles, key=lambda e: e["t"])
+    assert first["N"] == 256 and second["t"] - first["t"] >= 0.3  # after the first's

@@ -4,9 +4,10 @@ Every worker on a node sends the configs it will measure to its node's service; 
 service compiles each distinct binary once (``Precompiler``'s process pool, into the
 node's Triton cache) and answers each worker about the compiles it waits for. Two GPUs
 that measure the same config of the same problem, or a re-measurement of a config the
-search measured, cost one compile; binaries that are identical across problems (same
-kernel, constexprs and specialization at another shape) are found in Triton's on-disk
-cache by the child that meets them second, which then only loads them.
+search measured, cost one compile. Binaries that are identical across problems (same
+kernel, constexprs and specialization at another shape) are compiled once too: the same
+config of a kernel and dtype at another shape waits for the first one's compile, then
+finds its binary in Triton's on-disk cache (where it differs, it compiles then).
 
 The service holds the node's compile capacity: its processes (``plan_processes``) fill
 the cores its GPUs' workers and the driver leave free, so that one GPU on a node gets
@@ -60,6 +61,15 @@ def plan_processes(setting: int | str, node_cpus: float, node_gpus: int) -> int:
 Key = tuple[str, str]  # (problem, config key)
 
 
+def _group(problem: str, config: Mapping[str, Any]) -> tuple:
+    """Compiles that may build one binary: one kernel, dtype and config, any shape."""
+    try:
+        kernel, _shape, dtype, _seed = json.loads(problem)
+    except (ValueError, TypeError):
+        return (problem, config_key(config))
+    return (kernel, dtype, config_key(config))
+
+
 class _Service:
     """The service's logic, a plain class so that it can be tested without Ray."""
 
@@ -77,7 +87,14 @@ class _Service:
                              name="harness-compile-reaper").start()
         self._outcomes: dict[Key, dict[str, Any]] = {}
         self._watched: set[Key] = set()
-        self.stats = {"requested": 0, "deduplicated": 0, "compiled": 0, "failed": 0}
+        self.stats = {"requested": 0, "deduplicated": 0, "parked": 0, "compiled": 0,
+                      "failed": 0}
+        # The same config of a kernel and dtype at other shapes is often the same binary
+        # (Triton specializes on alignment, not on sizes): only the first of such a group
+        # compiles at once; the others wait for it, then mostly load it from the cache.
+        self._first: dict[tuple, Key] = {}  # group -> its first compile
+        self._warm: set[tuple] = set()  # groups whose first compile is done
+        self._parked: dict[tuple, list[tuple]] = {}  # group -> compiles waiting for it
 
     def _reaper(self, idle_s: float) -> None:
         """A kept service leaves once no worker has used it for ``idle_s``."""
@@ -89,7 +106,7 @@ class _Service:
 
     def submit(self, problem: str, kernel: str, shape: Mapping[str, int], skel: Any,
                configs: Sequence[Mapping[str, Any]]) -> None:
-        fresh = []
+        now: list[tuple[Key, Mapping[str, Any]]] = []
         with self._cv:
             self._last = time.monotonic()
             for config in configs:
@@ -99,27 +116,48 @@ class _Service:
                     self.stats["deduplicated"] += 1
                     continue
                 self._watched.add(key)
-                fresh.append((key, config))
-        if not fresh:
-            return
-        if not self.pre.processes:
-            for key, _ in fresh:
-                self._record(key, {"ok": False, "reason": "no compile processes here"})
-            return
-        self.pre.submit(problem, kernel, shape, skel, [c for _, c in fresh])
-        for key, config in fresh:
-            fut = self.pre.pending(problem, config)
-            if fut is None:  # the pool is broken: the worker compiles on first launch
-                self._record(key, {"ok": False, "reason": "compile service unavailable"})
-            else:
-                fut.add_done_callback(lambda f, k=key: self._finished(k, f))
+                group = _group(problem, config)
+                if group in self._warm or group not in self._first:
+                    self._first.setdefault(group, key)
+                    now.append((key, config))
+                else:  # its twin at another shape is compiling: after it, from the cache
+                    self._parked.setdefault(group, []).append((key, kernel, dict(shape), skel,
+                                                               config))
+                    self.stats["parked"] += 1
+        for key, config in now:
+            self._start(key, kernel, shape, skel, config)
 
-    def _finished(self, key: Key, fut: Future) -> None:
+    def _start(self, key: Key, kernel: str, shape: Mapping[str, int], skel: Any,
+               config: Mapping[str, Any]) -> None:
+        if not self.pre.processes:
+            self._done(key, config, {"ok": False, "reason": "no compile processes here"})
+            return
+        problem = key[0]
+        self.pre.submit(problem, kernel, shape, skel, [config])
+        fut = self.pre.pending(problem, config)
+        if fut is None:  # the pool is broken: the worker compiles on first launch
+            self._done(key, config, {"ok": False, "reason": "compile service unavailable"})
+        else:
+            fut.add_done_callback(lambda f, k=key, c=dict(config): self._finished(k, c, f))
+
+    def _finished(self, key: Key, config: Mapping[str, Any], fut: Future) -> None:
         try:
             out = fut.result()
         except Exception as exc:  # a child died (compiler crash)
             out = {"ok": False, "reason": f"compile child lost: {type(exc).__name__}"}
+        self._done(key, config, out)
+
+    def _done(self, key: Key, config: Mapping[str, Any], out: dict[str, Any]) -> None:
+        """Record a compile's outcome; the first of its group lets the others start."""
         self._record(key, out)
+        group = _group(key[0], config)
+        with self._cv:
+            if self._first.get(group) != key:
+                return
+            self._warm.add(group)
+            parked = self._parked.pop(group, [])
+        for p_key, kernel, shape, skel, p_config in parked:
+            self._start(p_key, kernel, shape, skel, p_config)
 
     def _record(self, key: Key, out: dict[str, Any]) -> None:
         with self._cv:
@@ -191,7 +229,7 @@ class NodeCompiler:
     binaries it needs next."""
 
     #: How long one question to the service waits for an outcome.
-    POLL_S = 0.5
+    POLL_S = 0.1
 
     def __init__(self, service: Any, processes: int) -> None:
         self.service = service
