@@ -349,6 +349,10 @@ class Scheduler:
         """Fill every worker's queue; whether any work is left to hand out later."""
         t0 = time.perf_counter()
         left = False
+        alive = {s.id for s in self.fleet.slots}
+        for st in self.studies:  # its worker left the fleet: another one re-measures it
+            if st.slot is not None and st.slot not in alive:
+                st.slot = None
         for hw in self.by_hw:
             for slot, room in self.fleet.rooms(hw).items():
                 for _ in range(room):

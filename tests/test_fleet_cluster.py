@@ -473,7 +473,9 @@ def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(
     by_number = {t.number: t.params for t in trials}
     assert max(first_launch(by_number[n]) for n in fast) < min(
         first_launch(by_number[n]) for n in slow), log
-    assert summary.overhead["setup"] >= 2.0  # waiting for the slow compiles
+    # Waiting for the slow compiles (3 s each; they start while the worker starts, so
+    # part of them is over by the first trial).
+    assert summary.overhead["setup"] >= 1.0
     assert summary.overhead["idle"] < 2.0
 
 

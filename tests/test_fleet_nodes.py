@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTY = "tests.fault_kernels:Faulty"
-SLEEPS = [0, 10, 20, 30, 40, 50]
+SLEEPS = [0, 10, 20, 30, 40, 50, 60, 70]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_eight_nodes_place_by_key_compile_once_per_node_and_spread(eight, tmp_pa
         "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": SLEEPS}},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-        "fleet": {"queue_depth": 2, "compile_workers": 1},
+        "fleet": {"queue_depth": 1, "compile_workers": 1},
     }
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
@@ -88,7 +88,8 @@ def test_eight_nodes_place_by_key_compile_once_per_node_and_spread(eight, tmp_pa
     assert len(trials) == 2 * len(SLEEPS)
     assert {t.user_attrs["result"]["extra"]["node_id"] for t in trials} <= h100
 
-    # Spread: every worker measured something, and each study ran on several of them.
+    # Spread: every worker measured something (one task at a time: the first eight go to
+    # eight workers), and each study ran on several of them.
     assert all(w.get("tasks", 0) >= 1 for w in workers), workers
     pids = {}
     for n in (256, 512):
@@ -117,5 +118,4 @@ def test_eight_nodes_place_by_key_compile_once_per_node_and_spread(eight, tmp_pa
         got = {tuple(sorted({**Faulty.default_config, **e["config"]}.items()))
                for e in compiles if e["node"] == node}
         assert first & got, node
-    (row_a, row_b) = summary.rows
-    assert row_a["params"]["SLEEP_MS"] == row_b["params"]["SLEEP_MS"] == 0
+    assert len(summary.packs) == 1 and all(r.get("params") for r in summary.rows)
