@@ -103,23 +103,16 @@ def test_device_of_a_study() -> None:
     assert (dev.name, dev.sm_count, dev.interpreted) == ("NVIDIA H200", 132, False)
 
 
-def test_grouped_gemm_drops_amd_launch_options_off_rocm(monkeypatch) -> None:
+def test_grouped_gemm_drops_amd_launch_options_off_rocm() -> None:
     import kernels.grouped_gemm as gg
 
-    seen: list[dict] = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *args, **meta: seen.append(meta)
-
-    monkeypatch.setattr(gg, "_grouped_gemm_kernel", Spy())
     k = gg.GroupedGemm()
     shape = {"M": 64, "N": 64, "K": 64, "E": 2}
     inputs = k.make_inputs(shape, "fp16", 0, "cpu")
     amd = {"waves_per_eu": 2, "kpack": 2, "matrix_instr_nonkdim": 16}
-    k.launcher(inputs, shape, {**k.default_config, **amd})()
-    assert seen and not set(amd) & set(seen[-1])  # CPU (and CUDA): never passed
-    assert seen[-1]["num_warps"] == k.default_config["num_warps"]
+    (launch,), _ = k._launches(inputs, {**k.default_config, **amd})
+    assert not set(amd) & set(launch.meta)  # CPU (and CUDA): never passed
+    assert launch.meta["num_warps"] == k.default_config["num_warps"]
 
 
 def test_skeleton_round_trip() -> None:
