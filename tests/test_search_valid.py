@@ -198,3 +198,41 @@ def test_a_large_sparse_space_is_used_up_and_one_without_valid_configs_says_so(
     assert s.ask() is None and s.measured == 0
     assert s.no_valid.startswith("no valid config among the 7776 of 7776 checked: never")
     assert s.not_tuned() == s.no_valid
+
+
+@pytest.mark.slow
+def test_a_run_names_the_study_it_could_not_tune_and_exits_4(tmp_path: Path) -> None:
+    """Two matmul studies on the interpreter: M=64 is tuned, M=16 has no tile that fits
+    its space (BLOCK_M 64 only): the run says so, freezes nothing for it, and exits 4."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.fault_kernels import cli_env
+
+    exp = {
+        "name": "untuned", "kernel": "matmul", "dtypes": ["fp32"],
+        "shapes": [{"M": 64, "N": 64, "K": 64}, {"M": 16, "N": 64, "K": 64}],
+        "search": {"sampler": "grid", "trials": 2, "remeasure_top_k": 0,
+                   "seed_from_packs": False},
+        "search_space": {"params": {"BLOCK_M": [64], "BLOCK_N": [64], "BLOCK_K": [32, 64]}},
+        "baselines": {"compile": False},
+        "timing": {"warmup_ms": 1, "rep_ms": 2},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
+                          cwd=tmp_path, env=cli_env(tmp_path), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 4, proc.stderr[-4000:]
+    rows = {r["shape"]: r for r in json.loads(proc.stdout)["rows"]}
+    tuned, untuned = rows["M=64,N=64,K=64"], rows["M=16,N=64,K=64"]
+    assert tuned.get("params") and not tuned.get("not_tuned")
+    assert "BLOCK_M=64 > next_pow2(M)=16" in untuned["not_tuned"] and not untuned.get("params")
+    assert "not tuned: matmul M=16,N=64,K=64 fp32 on cpu" in proc.stderr
+    pack = json.loads((tmp_path / "packs" / "cpu" / "matmul.json").read_text())
+    assert "M=16,N=64,K=64" not in json.dumps(pack)
