@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import optuna
+import pytest
 
 from harness.experiment import SearchSettings, StudySpec
 from harness.hardware import spec_for_key
@@ -64,6 +65,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # the driver dies with two configs in flig
 """
 
 
+@pytest.mark.slow
 def test_resume_measures_the_configs_a_killed_driver_left_in_flight(tmp_path) -> None:
     import json
     import subprocess
