@@ -80,6 +80,9 @@ def test_run_end_to_end(tmp_path):
     prov = entry["provenance"]
     assert prov["interpreted"] is True and prov["mlflow_run_id"] == row["mlflow_run_id"]
     assert prov["triton"] and prov["torch"] and prov["date"]
+    # What the config computes in, and the bound it met (the family's fp16 tolerance).
+    assert prov["precision"] == "fp16"
+    assert prov["accuracy_bound"] == {"atol": 1e-2, "rtol": 1e-2}
 
     # The application's view: lookup returns the frozen config with no tuning.
     packs.configure([tmp_path / "packs"])
