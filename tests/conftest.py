@@ -1,6 +1,11 @@
-"""Test set-up: Triton's interpreter where no GPU is present, and the ``gpu`` marker."""
+"""Test set-up: Triton's interpreter where no GPU is present, the ``gpu`` marker, and
+empty MLflow stores for tests that need one."""
 
+import contextlib
 import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +35,28 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory) -> Callable[[Path], Path]:
+    """``copy(dest)``: an empty MLflow SQLite store at ``dest``. A new store runs every
+    MLflow migration (seconds of CPU), so the schema is built once per test run and
+    copied (through SQLite's backup API: whole, whatever its journal mode)."""
+    from mlflow.tracking import MlflowClient
+
+    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{template}").search_experiments()
+
+    def copy(dest: Path) -> Path:
+        with contextlib.closing(sqlite3.connect(template)) as src, \
+                contextlib.closing(sqlite3.connect(dest)) as dst:
+            src.backup(dst)
+        return dest
+
+    return copy
+
+
+@pytest.fixture
+def mlflow_db(empty_mlflow_db, tmp_path) -> Path:
+    """An empty MLflow store of this test's own: ``tmp_path / "mlflow.db"``."""
+    return empty_mlflow_db(tmp_path / "mlflow.db")

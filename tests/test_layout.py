@@ -1,5 +1,6 @@
 """The package's layout: no import cycle between the modules of ``harness`` (counting
-imports inside functions too), so that each package can be read from the bottom up."""
+imports inside functions too), so that each package can be read from the bottom up, and
+MLflow talked to from ``harness.tracking`` only."""
 
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` of each absolute import statement of the file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, [a.name for a in node.names]))
+    return out
+
+
 def _import_graph() -> dict[str, set[str]]:
     """module -> the harness modules it imports."""
     mods = _modules()
@@ -29,14 +41,9 @@ def _import_graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [owner(a.name) for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # ``from harness.x import y``: y may be a module of package x.
-                targets = [owner(f"{node.module}.{a.name}") for a in node.names]
-            else:
-                continue
+        for module, names in _imports(path):
+            # ``from harness.x import y``: y may be a module of package x.
+            targets = [owner(f"{module}.{n}") for n in names] or [owner(module)]
             # A package's __init__ re-exporting its own modules is not a cycle of code.
             graph[mod].update(t for t in targets
                               if t and t != mod and not t.startswith(f"{mod}."))
@@ -51,3 +58,10 @@ def test_no_import_cycle_between_harness_modules() -> None:
     except graphlib.CycleError as exc:
         raise AssertionError("modules that import each other: "
                              + " -> ".join(exc.args[1])) from None
+
+
+def test_only_tracking_talks_to_mlflow() -> None:
+    users = sorted(mod for mod, path in _modules().items()
+                   if any(m == "mlflow" or m.startswith("mlflow.") for m, _ in _imports(path))
+                   and not mod.startswith("harness.tracking."))
+    assert users == [], f"modules importing MLflow outside harness.tracking: {users}"

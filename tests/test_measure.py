@@ -160,7 +160,7 @@ def test_fused_check_on_the_gpu_matches_torch_and_is_faster() -> None:
     assert t_fused < t_torch
 
 
-def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(tmp_path) -> None:
+def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(mlflow_db) -> None:
     """No GPU (or the interpreter): nothing to sample. A trial result that carries the
     GPU state has it logged as MLflow metrics of the trial's run (real sqlite store)."""
     from harness.measure import gpu_state
@@ -168,7 +168,7 @@ def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(tmp_path) -> None:
 
     if not torch.cuda.is_available():
         assert gpu_state() == {}
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "gpu-state")
+    tracker = Tracker(f"sqlite:///{mlflow_db}", "gpu-state")
     study = tracker.start_run("study", {"harness.level": "study"})
     result = {"latency_ms": 1.25, "extra": {"sm_clock_mhz": 1515.0, "power_w": 665.4,
                                             "check_s": 0.1}}

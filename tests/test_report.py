@@ -16,8 +16,6 @@ import yaml
 
 from harness.packs import format as packfmt
 
-pytestmark = pytest.mark.slow
-
 SHAPE = {"M": 200, "N": 64, "K": 64, "E": 3}
 SKEY = "M=200,N=64,K=64,E=3"
 SECRET = "s3cr3t-value-never-printed"
@@ -32,8 +30,9 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
+def finished(tmp_path_factory, empty_mlflow_db) -> Path:
     tmp = tmp_path_factory.mktemp("report")
+    empty_mlflow_db(tmp / "mlflow.db")  # the run's store, its schema already built
     exp = {
         "name": "rep", "kernel": "grouped_gemm", "shapes": [SHAPE], "dtypes": ["fp16"],
         "search": {"sampler": "tpe", "trials": 4},
@@ -61,15 +60,36 @@ def finished(tmp_path_factory) -> Path:
     return tmp
 
 
-def test_report_html(finished):
+def _report(capsys, *args: str) -> tuple[int, str]:
+    """``kharness report`` in this process (the run above needed a process of its own
+    for Ray; the report does not): its exit code and what it printed."""
+    import logging
+
+    from harness.cli import main
+
+    root = logging.getLogger()
+    saved = root.filters[:], [h.filters[:] for h in root.handlers]
+    try:
+        rc = main(["report", *args])
+    finally:  # main() puts its redaction filter on the root logger
+        root.filters[:] = saved[0]
+        for handler, filters in zip(root.handlers, saved[1], strict=False):
+            handler.filters[:] = filters
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_report_html(finished, monkeypatch, capsys):
     tmp = finished
+    monkeypatch.chdir(tmp)
     out = tmp / "report.html"
-    proc = _cli("report", "rep", "--out", str(out), cwd=tmp)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    rc, err = _report(capsys, "rep", "--out", str(out))
+    assert rc == 0, err[-3000:]
     text = out.read_text()
     # Self-contained: inline CSS, plots as data URIs, nothing fetched.
     assert "<style>" in text and "data:image/png;base64," in text
-    assert "src='http" not in text and "<link" not in text and "<script" not in text
+    assert "src='http" not in text and 'src="http' not in text
+    assert "<link" not in text and "<script" not in text
     # The summary table: the best config and its latency, from the frozen pack.
     pack = packfmt.read(tmp / "packs" / "cpu" / "grouped_gemm.json")
     entry = pack["kernels"]["grouped_gemm"]["fp16"][SKEY]
@@ -89,14 +109,15 @@ def test_report_html(finished):
     parent = json.loads((tmp / "runs" / "rep" / "state.json").read_text())["parent_run_id"]
     for source in (str(tmp / "runs" / "rep"), parent):
         out2 = tmp / "r2.html"
-        proc = _cli("report", source, "--out", str(out2), "--tracking-uri",
-                    f"sqlite:///{tmp / 'mlflow.db'}", cwd=tmp)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        rc, err = _report(capsys, source, "--out", str(out2), "--tracking-uri",
+                          f"sqlite:///{tmp / 'mlflow.db'}")
+        assert rc == 0, err[-2000:]
         assert "config changed" in out2.read_text()
-    proc = _cli("report", "no-such-experiment", cwd=tmp)
-    assert proc.returncode == 2 and "no-such-experiment" in proc.stderr
+    rc, err = _report(capsys, "no-such-experiment")
+    assert rc == 2 and "no-such-experiment" in err
 
 
+@pytest.mark.slow
 def test_report_offline(finished, tmp_path):
     """An unreachable tracking server: the report is written from the Optuna storage."""
     from harness.tracking.report import collect, render
@@ -108,6 +129,7 @@ def test_report_offline(finished, tmp_path):
     assert "MLflow not read" in html and SKEY in html
 
 
+@pytest.mark.slow
 def test_report_renders_in_chromium(finished, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:

@@ -31,7 +31,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -44,8 +44,17 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
     raise TimeoutError(f"{url} did not answer in {timeout} s")
 
 
-@pytest.fixture
-def servers(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, empty_mlflow_db):
+    """One S3 (moto) and one MLflow server for the module's runs (each experiment has a
+    name of its own): a tracking server takes many seconds to start on two cores."""
+    tmp_path = tmp_path_factory.mktemp("tracking-server")
+    empty_mlflow_db(tmp_path / "server.db")  # the server's store, its schema already built
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield from _servers(tmp_path, monkeypatch)
+
+
+def _servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     s3_port = _port()
     s3 = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port)
     s3.start()

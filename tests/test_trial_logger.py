@@ -18,14 +18,13 @@ from harness import run_logging as run_mod
 from harness.sqlite_commits import fast_commits
 from harness.tracking import tracker as track
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def local_ray():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+        # "local": a Ray of its own, never one another process left an address file for.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
                  runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
     yield
     if started:
@@ -41,9 +40,28 @@ def _record(study_run: str, number: int, status: str = "measured") -> dict:
             "tags": {"hardware": "H200", "kernel": "k"}}
 
 
+def _study_with_three_trials(storage: str) -> None:
+    import optuna
+
+    study = optuna.create_study(study_name="plots", storage=storage)
+    for block, ms in ((64, 2.0), (128, 1.5), (256, 1.8)):
+        study.enqueue_trial({"BLOCK": block})
+        trial = study.ask()
+        assert trial.suggest_categorical("BLOCK", [64, 128, 256]) == block
+        trial.set_user_attr("status", "measured")
+        trial.set_user_attr("result", {"latency_ms": ms, "roofline": 0.5, "tflops": 100.0})
+        study.tell(trial, ms)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("actor", [True, False], ids=["actor", "thread"])
-def test_trials_are_logged_in_order_into_the_drivers_store(local_ray, tmp_path, monkeypatch,
-                                                           actor):
+def test_the_logger_logs_in_order_draws_plots_and_reports_failures(local_ray, tmp_path,
+                                                                   monkeypatch, actor,
+                                                                   empty_mlflow_db):
+    """One logger (its own processes, or the thread stand-in) for a whole study, as in a
+    run: trial runs logged in order into the driver's store, the finished study's plots
+    drawn from its Optuna storage, and a failed call reported by the flush, not raised.
+    (One logger per case: each logger process takes seconds to start.)"""
     monkeypatch.chdir(tmp_path)  # the relative store path resolves against the driver's cwd
     if not actor:
         def refuse(*a, **k):
@@ -52,21 +70,34 @@ def test_trials_are_logged_in_order_into_the_drivers_store(local_ray, tmp_path, 
     # A relative path, as the default store is (MLflow caches a store per URI string in
     # a process: one name per case).
     db = f"mlflow-{actor}.db"
+    empty_mlflow_db(tmp_path / db)
     tracker = track.Tracker(f"sqlite:///{db}", "logger-test")
     study_run = tracker.start_run("study", {"harness.level": "study"})
     logs = run_mod.Logs(tracker, "logger-test")
     assert (logs._actor is not None) == actor
+    # A process of its own for the plots, beside the trials' one.
+    assert (logs._plotter is not None) == actor
+    assert logs._plotter is None or logs._plotter is not logs._actor
     trial_log = tmp_path / "trials.jsonl"
-    for n in range(4):
-        logs.trial(trial_log, _record(study_run, n, "failed" if n == 2 else "measured"))
-    logs.log(study_run, metrics={"eager_latency_ms": 3.5}, params={"eager_status": "ok"})
-    t_sent = time.monotonic()
-    assert logs.flush() == []
-    logs.close()
-    # Its figures: four trials, and its clock readings on this process's clock.
-    assert logs.stats["trials"] == 4 and logs.stats["trials_s"] > 0
-    assert logs.stats["ready_at"] <= logs.stats["caught_up_at"] <= time.monotonic()
-    assert logs.stats["caught_up_at"] >= t_sent - 60
+    try:
+        for n in range(4):
+            logs.trial(trial_log, _record(study_run, n, "failed" if n == 2 else "measured"))
+        logs.log(study_run, metrics={"eager_latency_ms": 3.5}, params={"eager_status": "ok"})
+        t_sent = time.monotonic()
+        assert logs.flush() == []
+        # Its figures: four trials, and its clock readings on this process's clock.
+        assert logs.stats["trials"] == 4 and logs.stats["trials_s"] > 0
+        assert logs.stats["ready_at"] <= logs.stats["caught_up_at"] <= time.monotonic()
+        assert logs.stats["caught_up_at"] >= t_sent - 60
+        storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+        _study_with_three_trials(storage)
+        logs.plots(study_run, storage, "plots", "a title")
+        assert logs.flush() == []
+        logs.log("no-such-run", metrics={"x": 1.0})
+        errors = logs.flush()
+    finally:
+        logs.close()
+    assert len(errors) == 1 and "no-such-run" in errors[0]
     client = MlflowClient(f"sqlite:///{tmp_path / db}")
     runs = client.search_runs([tracker.experiment_id],
                               filter_string=f"tags.mlflow.parentRunId = '{study_run}'")
@@ -83,54 +114,10 @@ def test_trials_are_logged_in_order_into_the_drivers_store(local_ray, tmp_path, 
     if actor:  # the logger's process commits in WAL mode (a property of the file)
         with sqlite3.connect(tmp_path / db) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-
-
-@pytest.mark.parametrize("actor", [True, False], ids=["actor", "thread"])
-def test_a_studys_plots_are_drawn_from_its_storage(local_ray, tmp_path, monkeypatch, actor):
-    """The logger (its own process, or the thread stand-in) draws a finished study's
-    plots from the Optuna storage into the study's MLflow run."""
-    import optuna
-
-    monkeypatch.chdir(tmp_path)
-    if not actor:
-        def refuse(*a, **k):
-            raise RuntimeError("no actor here")
-        monkeypatch.setattr(run_mod, "start_trial_logger", refuse)
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    study = optuna.create_study(study_name="plots", storage=storage)
-    for block, ms in ((64, 2.0), (128, 1.5), (256, 1.8)):
-        study.enqueue_trial({"BLOCK": block})
-        trial = study.ask()
-        assert trial.suggest_categorical("BLOCK", [64, 128, 256]) == block
-        trial.set_user_attr("status", "measured")
-        trial.set_user_attr("result", {"latency_ms": ms, "roofline": 0.5, "tflops": 100.0})
-        study.tell(trial, ms)
-    db = f"mlflow-plots-{actor}.db"
-    tracker = track.Tracker(f"sqlite:///{db}", "plots-test")
-    study_run = tracker.start_run("study", {"harness.level": "study"})
-    logs = run_mod.Logs(tracker, "plots-test")
-    assert (logs._actor is not None) == actor
-    # A process of its own for the plots, beside the trials' one.
-    assert (logs._plotter is not None) == actor
-    assert logs._plotter is None or logs._plotter is not logs._actor
-    logs.plots(study_run, storage, "plots", "a title")
-    assert logs.flush() == []
-    logs.close()
-    client = MlflowClient(f"sqlite:///{tmp_path / db}")
     names = {a.path for a in client.list_artifacts(study_run, "plots")}
     assert "plots/history.png" in names
     png = Path(client.download_artifacts(study_run, "plots/history.png", str(tmp_path)))
     assert png.read_bytes()[:4] == b"\x89PNG"
-
-
-def test_a_logger_that_fails_reports_it(local_ray, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    tracker = track.Tracker("sqlite:///mlflow-fail.db", "logger-fail")
-    logs = run_mod.Logs(tracker, "logger-fail")
-    logs.log("no-such-run", metrics={"x": 1.0})
-    errors = logs.flush()
-    logs.close()
-    assert len(errors) == 1 and "no-such-run" in errors[0]
 
 
 def test_absolute_uri(tmp_path, monkeypatch):
@@ -141,27 +128,28 @@ def test_absolute_uri(tmp_path, monkeypatch):
     assert Path(track.absolute_uri("sqlite:///x/../m.db")[len("sqlite:///"):]).is_absolute()
 
 
-def test_history_points_are_written_in_batches(tmp_path, monkeypatch):
+def test_history_points_are_written_in_batches(tmp_path, monkeypatch, empty_mlflow_db):
     """The study run's history gets every measured trial's point, written
     HISTORY_BATCH at a time and at the flush, not one write per trial."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
     monkeypatch.chdir(tmp_path)
-    logger = track.TrialLogger(f"sqlite:///{tmp_path / 'h.db'}", "history")
+    logger = track.TrialLogger(f"sqlite:///{empty_mlflow_db(tmp_path / 'h.db')}", "history")
+    logger.HISTORY_BATCH = batch = 4  # the class's 32, scaled down: the same code path
     try:
         writes = []
         real = logger.tracker.log_history
         monkeypatch.setattr(logger.tracker, "log_history",
                             lambda *a, **k: (writes.append(len(a[2])), real(*a, **k)))
         study_run = logger.tracker.start_run("study", {"harness.level": "study"})
-        n = track.TrialLogger.HISTORY_BATCH + 5
+        n = 2 * batch + 3
         for i in range(n):
             logger.trial(str(tmp_path / "t.jsonl"),
                          _record(study_run, i, "failed" if i == 3 else "measured"))
-        assert writes == [track.TrialLogger.HISTORY_BATCH]  # one batch so far
+        assert writes == [batch, batch]  # two batches so far (trial 3 failed: no point)
         assert logger.flush() == []
-        assert writes == [track.TrialLogger.HISTORY_BATCH, n - 1 - writes[0]]
+        assert writes == [batch, batch, n - 1 - 2 * batch]  # the rest at the flush
         steps = sorted(m.step for m in logger.tracker.client.get_metric_history(
             study_run, track.HISTORY_METRIC))
         assert steps == [i for i in range(n) if i != 3]

@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
     try:
         # Every check, the kernel family's included, before Ray starts: a bad file leaves
-        # nothing behind, not even a Ray session.
+        # nothing behind, not even a running Ray.
         exp = load(args.experiment, args.set or ())
     except ExperimentError as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
