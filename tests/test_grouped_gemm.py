@@ -185,6 +185,7 @@ def test_eager_matches_reference() -> None:
     torch.testing.assert_close(out.float(), KERNEL.reference(inputs, shape), atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.slow
 def test_cpu_space_all_configs_valid_and_correct() -> None:
     shape = KERNEL.shapes["test"]
     space = spaces.resolve([spaces.load_raw("grouped_gemm")], "cpu", "cpu")
@@ -382,6 +383,7 @@ def wgmma_shapes(configs: list[dict]) -> list[list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_swap_ab_puts_the_rows_on_wgmmas_n(tmp_path: Path) -> None:
     """Compiled for sm_90 (no GPU needed; a fresh process and Triton cache, so the compile
     runs and no interpreter state reaches it): with SWAP_AB a 256-row tile is

@@ -186,6 +186,7 @@ def compiled_sm90(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @needs_gluon
 @pytest.mark.parametrize("i", range(len(CONFIGS)), ids=lambda i: str(sorted(CONFIGS[i].items())))
 def test_compiles_for_sm90_without_a_gpu(i: int, compiled_sm90: list[dict]) -> None:
