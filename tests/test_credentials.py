@@ -52,7 +52,7 @@ def test_the_experiment_never_holds_the_password(tmp_path):
     assert os.environ[PASSWORD_ENV] == "s3cr@t-never-stored"
 
 
-def test_the_tracker_takes_them_from_the_environment_too(tmp_path, monkeypatch):
+def test_the_tracker_takes_them_from_the_environment_too(mlflow_db, monkeypatch):
     """``MLFLOW_TRACKING_URI`` with credentials: the Tracker's URI (which the run's
     state records) has none, and MLflow's "View run ... at" links are silenced."""
     import os
@@ -64,5 +64,5 @@ def test_the_tracker_takes_them_from_the_environment_too(tmp_path, monkeypatch):
     assert os.environ[USERNAME_ENV] == "bob"
     from harness.tracking.tracker import Tracker
 
-    Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "quiet")
+    Tracker(f"sqlite:///{mlflow_db}", "quiet")
     assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
