@@ -37,8 +37,8 @@ TOP_K = 6
 M_VALUES = [128] + [t * TOP_K for t in (512, 2048, 8192, 32768, 65536)]
 BASE = {"N": 1408, "K": 2048, "E": 64}
 
-# Hand-picked for shapes without a pack entry: the H200 pack winner with and without TMA,
-# mid tiles, and BLOCK_M 16/32 (outside the tuning space) for a few rows per expert.
+# Hand-picked for shapes without a pack entry: large and mid tiles with and without TMA,
+# BLOCK_M 16/32 for a few rows per expert, and the Gluon kernel (pruned off Hopper).
 MINI: list[dict[str, Any]] = [
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 8,
      "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 0},
@@ -64,20 +64,15 @@ MINI: list[dict[str, Any]] = [
      "num_stages": 5, "PERSISTENT": 0, "USE_TMA": 1},
     {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
      "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1},
-    # The block table and split expert tails.
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8,
-     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
+    # Split expert tails, and the TMA store of full tiles.
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
-     "num_stages": 3, "PERSISTENT": 0, "USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
-     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "BLOCK_TABLE": 1, "TAIL_SPLIT": 2},
-    # The flattened persistent loop and the TMA store of full tiles.
+     "num_stages": 4, "PERSISTENT": 0, "USE_TMA": 1, "TAIL_SPLIT": 1},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
-     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "FLATTEN": 1, "TMA_STORE": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
-     "num_stages": 3, "PERSISTENT": 1, "USE_TMA": 1, "FLATTEN": 1},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
-     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "FLATTEN": 1, "TMA_STORE": 1},
+     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "TMA_STORE": 1},
+    # The Gluon kernel (Hopper): ping-pong, transposed, tall tiles, dealt tails.
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 4, "PERSISTENT": 1, "USE_TMA": 1, "GLUON": 3, "SWAP_AB": 1,
+     "TAIL_SPLIT": 1, "TALL_TILE": 1, "TAIL_DEAL": 1, "TMA_STORE": 1},
 ]  # fmt: skip
 
 DENSE = "bound: dense cuBLAS GEMM of the same FLOPs (not the same result)"
