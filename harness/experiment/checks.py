@@ -41,8 +41,12 @@ def _check_memory(path: Path, exp: Experiment, kernel: kernel_api.Kernel, i: int
     for dtype in exp.dtypes:
         try:
             need = float(kernel.bytes_moved(shape, dtype))
-        except (ArithmeticError, ValueError, TypeError, KeyError):
-            continue  # the family cannot model it: its trials say what happens
+        except Exception as exc:  # noqa: BLE001 - a family's model failing is bad input too
+            # The run reports the model's figures (roofline) for every trial: a shape the
+            # model cannot take (out of memory for a routing of 10^14 rows) cannot run.
+            raise ExperimentError(path, f"shapes[{i}]", f"{kernel.name}'s byte model fails "
+                                  f"at {kernel.shape_key(shape)} in {dtype}: "
+                                  f"{type(exc).__name__}: {str(exc)[:200]}") from None
         for key, mem in budgets:
             if mem and not (need <= mem):  # also catches inf and NaN
                 raise ExperimentError(
