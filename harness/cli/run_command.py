@@ -60,9 +60,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         return EXIT_BAD_INPUT
     before = earlier_run(exp.output.runs_dir, exp.name)
     if before is not None and not (args.resume or args.fresh):
-        console.print(f"[bold red]error:[/] experiment {exp.name!r} has an earlier run in "
-                      f"{before}/. Pass --resume to continue it, or --fresh to start over "
-                      "(replacing its studies).", markup=True, highlight=False)
+        console.print("[bold red]error:[/] " + escape(
+            f"experiment {exp.name!r} has an earlier run in {before}/. Pass --resume to "
+            "continue it, or --fresh to start over (replacing its studies)."),
+            highlight=False)
         return EXIT_BAD_INPUT
     if before is not None and args.fresh:
         console.print(replaced_by_fresh(before), markup=False, highlight=False)
