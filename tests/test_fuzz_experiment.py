@@ -17,6 +17,11 @@ import yaml
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+
+# Hypothesis keeps caches in ./.hypothesis by default: tests write to temporary
+# directories only.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "kernel-harness-hypothesis")
 
 from harness import cli  # noqa: E402
 
