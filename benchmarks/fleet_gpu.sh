@@ -17,16 +17,16 @@ mkdir -p "$OUT"
 print('triton', triton.__version__, 'torch', torch.__version__)"; \
   echo "git ${HARNESS_GIT_SHA:-unknown}"; } > "$OUT/device.txt" 2>&1
 
-"$PY" "$ROOT/benchmarks/fleet_scaling.py" --gpus "$GPUS" --out "$OUT" --work "$WORK/scaling" \
+timeout "${SCALING_S:-330}" "$PY" "$ROOT/benchmarks/fleet_scaling.py" --gpus "$GPUS" --out "$OUT" --work "$WORK/scaling" \
   > "$OUT/scaling.log" 2>&1
 
-one_gpu() {  # name, experiment: one command on GPU 0 from an empty Triton cache
+one_gpu() {  # name, experiment, limit: one command on GPU 0 from an empty Triton cache
   local dir="$WORK/$1"
   mkdir -p "$dir"
   local t0 t1
   t0=$(date +%s.%N)
   (cd "$dir" && CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR="$dir/triton-cache" \
-    "$PY" -m harness run "$ROOT/$2" --json --set "output.runs_dir=$dir/runs" \
+    timeout "$3" "$PY" -m harness run "$ROOT/$2" --json --set "output.runs_dir=$dir/runs" \
     --set "output.packs_dir=$dir/packs" --set "tracking.uri=sqlite:///$dir/mlflow.db" \
     > "$OUT/$1.json" 2> "$dir/stderr.txt")
   local rc=$?
@@ -35,6 +35,6 @@ one_gpu() {  # name, experiment: one command on GPU 0 from an empty Triton cache
     echo "exit $rc, wall $("$PY" -c "print(round($t1 - $t0, 2))") s"; tail -c 20000 "$dir/stderr.txt"; } \
     > "$OUT/$1.log"
 }
-one_gpu quickstart configs/quickstart.yaml
-one_gpu twelve configs/scaling/twelve_studies.yaml
+one_gpu quickstart configs/quickstart.yaml "${QUICKSTART_S:-70}"
+one_gpu twelve configs/scaling/twelve_studies.yaml "${TWELVE_S:-120}"
 tail -n 5 "$OUT"/*.log

@@ -218,27 +218,38 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cpu and len(args.devices) < max(counts):
         ap.error(f"{max(counts)} GPUs asked for, {len(args.devices)} available")
     work = Path(args.work or tempfile.mkdtemp(prefix="fleet-scaling-"))
-    results = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
     for n in counts:
         print(f"{n} GPU(s) ...", file=sys.stderr, flush=True)
         results.append(one_count(n, args, work))
         print(json.dumps({k: v for k, v in results[-1].items()
                           if k in ("gpus", "command_wall_s", "trials", "timing_fraction",
                                    "error")}), file=sys.stderr, flush=True)
-    base = next((r for r in results if "error" not in r), None)
-    rows = [_row(r, base) for r in results]
-    meta = {"experiment": os.path.relpath(args.experiment, ROOT), "device": _device() if
+        rows = write(results, args, argv, out)  # after each count: a cut run keeps them
+    print(markdown(rows, _meta(args, argv)))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def _meta(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    return {"experiment": os.path.relpath(args.experiment, ROOT), "device": _device() if
             not args.cpu else f"simulated {args.key} GPUs on {_device()}",
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python benchmarks/fleet_scaling.py " + " ".join(argv),
             "git_sha": os.environ.get("HARNESS_GIT_SHA", "")}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+
+
+def write(results: list[dict[str, Any]], args: argparse.Namespace, argv: list[str],
+          out: Path) -> list[dict[str, Any]]:
+    """The table of ``results`` so far, as scaling.json and scaling.md in ``out``."""
+    base = next((r for r in results if "error" not in r), None)
+    rows = [_row(r, base) for r in results]
+    meta = _meta(args, argv)
     (out / "scaling.json").write_text(json.dumps({"meta": meta, "rows": rows,
                                                   "raw": results}, indent=1, default=str))
     (out / "scaling.md").write_text(markdown(rows, meta))
-    print(markdown(rows, meta))
-    return 0 if all("error" not in r for r in rows) else 1
+    return rows
 
 
 if __name__ == "__main__":
