@@ -44,8 +44,10 @@ MAX_PROCESSES = 64
 #: Outcomes the service remembers (small dicts): later askers of a compiled config get
 #: its outcome at once.
 MAX_OUTCOMES = 100_000
-#: Kept services (for kept workers) are detached actors named this + the node id.
+#: Kept services (for kept workers) are detached actors named this + the node id, in
+#: a namespace of their own (not the kept workers').
 SERVICE_PREFIX = "kharness-compile-"
+SERVICE_NS = "kharness-compile"
 
 
 def plan_processes(setting: int | str, node_cpus: float, node_gpus: int) -> int:
@@ -213,7 +215,7 @@ def start_services(nodes: Mapping[str, tuple[float, int]], setting: int | str,
             "runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}},
         }
         if idle_exit_s > 0:
-            opts.update(name=f"{SERVICE_PREFIX}{node}", namespace="kharness",
+            opts.update(name=f"{SERVICE_PREFIX}{node}", namespace=SERVICE_NS,
                         lifetime="detached", get_if_exists=True)
         out[node] = CompileService.options(**opts).remote(processes, idle_exit_s)
     return out
