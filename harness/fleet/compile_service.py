@@ -287,13 +287,19 @@ class NodeCompiler:
              timeout_s: float = PRECOMPILE_WAIT_S) -> dict[str, Any] | None:
         key = (problem, config_key(self._full(problem, config)))
         with self._lock:
-            fut = self._futures.pop(key, None)
+            fut = self._futures.get(key)
         if fut is None:
             return None
+        # The future stays listed until it is done: the polling thread asks the service
+        # only for listed keys, so a future taken out early would never be completed.
         try:
             return fut.result(timeout=timeout_s)
         except TimeoutError:
             return {"ok": False, "reason": f"still compiling after {timeout_s:g} s"}
+        finally:
+            with self._lock:
+                if self._futures.get(key) is fut:
+                    del self._futures[key]
 
     def _poll(self) -> None:
         while True:
