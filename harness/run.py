@@ -272,9 +272,19 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         _report_resume(studies, tracker, trial_log, logged, console, summary)
 
     summary.mark("search_started")
+    plotted: set[str] = set()
+
+    def plots(st: schedule.StudyState) -> None:
+        """A study's plots, drawn by the logger once its search has ended."""
+        if st.spec.name not in plotted:
+            plotted.add(st.spec.name)
+            study = st.search.study
+            logs.trial_plots(st.run_id, study.get_trials(deepcopy=False),
+                             study.direction.name.lower(), st.spec.name)
+
     sched = schedule.Scheduler(exp, fleet, studies,
                                lambda t, r: schedule.record(t, r, logs, trial_log),
-                               lambda: logs.release(storage.poll_stored()))
+                               lambda: logs.release(storage.poll_stored()), plots)
     try:
         sched.run(console, progress)
     except BaseException:
@@ -299,11 +309,11 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     state_path.write_text(json.dumps({**run_state, "packs": summary.packs}))
     summary.rows = [freeze.row(st) for st in studies]
     try:
-        storage.close()  # every trial in optuna.db: the plots read them there
+        storage.close()  # every trial in optuna.db (what --resume trusts), then in MLflow
         logs.release(storage.stored)
         summary.mark("studies_stored")
         for st in studies:
-            logs.plots(st.run_id, url, st.search.study.study_name, st.spec.name)
+            plots(st)  # a study whose workers were lost before its search ended
             logs.log(st.run_id, metrics={f"trials_{k}": v
                                          for k, v in st.search.counts().items()})
         log_errors = logs.flush()

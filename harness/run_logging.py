@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -66,6 +67,17 @@ class _Background:
         self._thread.join()
 
 
+#: Cores below which the trial logger draws the plots itself (no second process).
+SEPARATE_PLOTTER_CORES = 4
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 class Logs:
     """Where the search's MLflow logging goes, in order and off the driver's loop: a
     ``TrialLogger`` in a process of its own (``track.start_trial_logger``) for the
@@ -81,8 +93,12 @@ class Logs:
         self.stats: dict[str, float] = {}  # TrialLogger.stats, as of the last flush
         self._held: dict[tuple[str, int], tuple[Path, dict[str, Any]]] = {}  # see ``hold``
         try:
-            self._actor = start_trial_logger(tracker.uri, experiment_name)
-            self._plotter = start_trial_logger(tracker.uri, experiment_name, plots=True)
+            # Where the driver's machine has few cores, a second process importing the
+            # plotting code competes with the workers' start-up: one draws the plots too.
+            one = _cores() < SEPARATE_PLOTTER_CORES
+            self._actor = start_trial_logger(tracker.uri, experiment_name, plots=one)
+            self._plotter = (self._actor if one else
+                             start_trial_logger(tracker.uri, experiment_name, plots=True))
         except Exception as exc:
             log.warning("MLflow logger process unavailable (%s): logging on a thread", exc)
             self._local = TrialLogger.sharing(tracker)
@@ -114,13 +130,13 @@ class Logs:
             self._bg.call(self._local.log, run_id, params=params,  # type: ignore[union-attr]
                           metrics=metrics)
 
-    def plots(self, run_id: str, storage: str, study_name: str, title: str) -> None:
-        """Draw a finished study's plots into its MLflow run (``TrialLogger.plots``)."""
+    def trial_plots(self, run_id: str, trials: list[Any], direction: str, title: str) -> None:
+        """Draw a study's plots from its trials (``TrialLogger.trial_plots``)."""
         if self._plotter is not None:
-            self._plotter.plots.remote(run_id, storage, study_name, title)
+            self._plotter.trial_plots.remote(run_id, trials, direction, title)
         else:
-            self._bg.call(self._local.plots, run_id, storage,  # type: ignore[union-attr]
-                          study_name, title)
+            self._bg.call(self._local.trial_plots, run_id,  # type: ignore[union-attr]
+                          trials, direction, title)
 
     def flush(self) -> list[str]:
         """Wait until every call so far has run; the errors they met."""
@@ -130,20 +146,23 @@ class Logs:
             self.stats = self._local.stats()  # type: ignore[union-attr]
             return self._local.errors + self._bg.errors  # type: ignore[union-attr]
         try:
-            errors = ray.get([a.flush.remote() for a in (self._actor, self._plotter)],
-                             timeout=LOGGER_FLUSH_S)
-            trials, plots = ray.get([a.stats.remote() for a in (self._actor, self._plotter)],
-                                    timeout=LOGGER_FLUSH_S)
+            actors = self._actors()
+            errors = ray.get([a.flush.remote() for a in actors], timeout=LOGGER_FLUSH_S)
+            stats = ray.get([a.stats.remote() for a in actors], timeout=LOGGER_FLUSH_S)
+            trials, plots = stats[0], stats[-1]
             self.stats = {**trials, "plots_s": plots["plots_s"],
                           "plotter_ready_at": plots["ready_at"]}
             return [e for group in errors for e in group]
         except Exception as exc:  # the logger died or hangs: its trials are reconciled
             return [f"the MLflow logger was lost: {type(exc).__name__}: {exc}"[:300]]
 
+    def _actors(self) -> list[Any]:
+        return [self._actor] if self._plotter is self._actor else [self._actor, self._plotter]
+
     def close(self) -> None:
         if self._actor is not None:
-            ray.kill(self._actor)
-            ray.kill(self._plotter)
+            for actor in self._actors():
+                ray.kill(actor)
         else:
             self._bg.close()  # type: ignore[union-attr]
 

@@ -276,11 +276,14 @@ class Scheduler:
 
     def __init__(self, exp: experiment.Experiment, fleet: Fleet, studies: list[StudyState],
                  on_result: Callable[[Task, TrialResult], None],
-                 on_tick: Callable[[], None] = lambda: None) -> None:
+                 on_tick: Callable[[], None] = lambda: None,
+                 on_search_done: Callable[[StudyState], None] = lambda st: None) -> None:
         """``on_result``: a search task's result (``record``); ``on_tick``: called once
-        per turn of the loop (the storage's and the logger's bookkeeping)."""
+        per turn of the loop (the storage's and the logger's bookkeeping);
+        ``on_search_done``: a study's search has ended (its plots can be drawn)."""
         self.exp, self.fleet, self.studies = exp, fleet, studies
         self.on_result, self.on_tick = on_result, on_tick
+        self.on_search_done = on_search_done
         self.by_hw: dict[str, list[StudyState]] = {}
         for st in studies:
             self.by_hw.setdefault(st.spec.hardware, []).append(st)
@@ -302,6 +305,7 @@ class Scheduler:
         if (st.phase == "search" and st.in_flight == 0 and not st.pending and not st.full
                 and (not self._searching() or st.search.done(0))):
             start_remeasure(self.exp, st)
+            self.on_search_done(st)
 
     def _task_for(self, st: StudyState, slot: int, hw: str) -> Task | None:
         if st.phase == "remeasure":

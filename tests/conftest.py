@@ -1,9 +1,12 @@
 """Test set-up: Triton's interpreter where no GPU is present, the ``gpu`` marker, and
 empty MLflow stores for tests that need one."""
 
+import atexit
 import contextlib
 import os
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +24,15 @@ if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
+
+# A Ray temp dir per test process (and the runs it starts): a run without RAY_ADDRESS joins
+# the Ray whose address the last `ray start` on the machine left in it, and a simulated
+# cluster of one test process (pytest -n) must not be joined by another's runs. Short:
+# Ray's unix sockets live under it.
+if "RAY_TMPDIR" not in os.environ:
+    _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"kh-{_worker}-", dir="/tmp")
+    atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -212,3 +212,10 @@ def cli_env(events: str | os.PathLike) -> dict[str, str]:
     env.pop("RAY_ADDRESS", None)
     return env
 
+
+class WrongDefault(Faulty):
+    """Faulty whose default config gives a wrong result: the default, re-measured beside
+    every study's finalists, then never wins, and a test sees the searched configs and the
+    pack's entry decide alone."""
+
+    default_config: ClassVar[dict[str, Any]] = {**Faulty.default_config, "FAULT": "wrong"}

@@ -49,3 +49,14 @@ def _slug(heading: str) -> str:
     text = re.sub(r"[`*_]", "", heading).strip().lower()
     text = re.sub(r"[^\w\s-]", "", text)
     return re.sub(r"[\s]+", "-", text)
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    """CI runs the README's second command, word for word."""
+    block = re.search(r"```bash\n(.*?)```", README.read_text(), re.S)
+    assert block, "the README's two commands are in a bash block"
+    commands = [ln.strip() for ln in block.group(1).splitlines()
+                if ln.strip() and not ln.strip().startswith("#")]
+    assert len(commands) == 2, commands
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands[1] in ci, f".ci/run does not run {commands[1]!r}"

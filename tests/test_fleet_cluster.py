@@ -482,19 +482,35 @@ def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(
     assert summary.overhead["idle"] < 2.0
 
 
-def test_kept_workers_serve_the_next_run_and_leave_when_idle(cl, events, tmp_path: Path,
-                                                              monkeypatch) -> None:
-    """fleet.keep_workers_s on a cluster that outlives the run: the second run leases the
-    first run's worker (same process, no start-up), a run with other code does not, and
-    a kept worker leaves once idle for keep_workers_s, giving its GPU back."""
+def _kept() -> list[str]:
+    """Names of the kept workers (and kept compile services) alive in the cluster."""
     from ray.util import list_named_actors
 
     from harness.fleet import KEPT_NS
 
-    def kept() -> list[str]:
-        return [a["name"] for a in list_named_actors(all_namespaces=True)
-                if a["namespace"] == KEPT_NS]
+    return [a["name"] for a in list_named_actors(all_namespaces=True)
+            if a["namespace"] == KEPT_NS]
 
+
+def _drop_kept() -> None:
+    """End the kept actors a test leased, so that their simulated GPUs are free for the
+    next test (their leaving once idle is tested on its own)."""
+    from harness.fleet import KEPT_NS
+
+    for name in _kept():
+        try:
+            ray.kill(ray.get_actor(name, namespace=KEPT_NS))
+        except ValueError:  # it left by itself meanwhile
+            pass
+    deadline = time.monotonic() + 30
+    while _kept() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _kept() == []
+
+
+def test_kept_workers_serve_the_next_run(cl, events, tmp_path: Path, monkeypatch) -> None:
+    """fleet.keep_workers_s on a cluster that outlives the run: the second run leases the
+    first run's worker (same process, no start-up), and a run with other code does not."""
     def pids(name: str) -> set[int]:
         trials = _by_status(_trials(tmp_path, name, f"{name}/{FAULTY}/N=256/fp32/H200"),
                             "measured")
@@ -506,47 +522,69 @@ def test_kept_workers_serve_the_next_run_and_leave_when_idle(cl, events, tmp_pat
     fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2},
                   search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10]}},
                   fleet={"compile_workers": 0, "keep_workers_s": 45})
-    assert kept() == []
-    first, _ = _run(_experiment(tmp_path, name="keep1", **fields))
-    assert first.reused == 0 and len(kept()) == 1
-    time.sleep(4)  # the kept worker idles between runs: not this run's GPU-held time
-    second, _ = _run(_experiment(tmp_path, name="keep2", **fields))
-    assert second.reused == 1 and len(kept()) == 1
-    assert second.overhead["idle"] < 3.0, second.overhead
-    assert pids("keep1") == pids("keep2")
-    # Other code (here: another kernel file digest) must not run on the kept worker.
-    import harness.run as hrun
+    assert _kept() == []
+    try:
+        first, _ = _run(_experiment(tmp_path, name="keep1", **fields))
+        assert first.reused == 0 and len(_kept()) == 1
+        time.sleep(2)  # the kept worker idles between runs: not this run's GPU-held time
+        second, _ = _run(_experiment(tmp_path, name="keep2", **fields))
+        assert second.reused == 1 and len(_kept()) == 1
+        assert second.overhead["idle"] < 3.0, second.overhead
+        assert pids("keep1") == pids("keep2")
+        # Other code (here: another kernel file digest) must not run on the kept worker.
+        import harness.run as hrun
 
-    monkeypatch.setattr(hrun, "_code_version", lambda exp: "other-code")
-    third, _ = _run(_experiment(tmp_path, name="keep3", **fields))
-    assert third.reused == 0 and pids("keep3").isdisjoint(pids("keep1"))
-    deadline = time.monotonic() + 75
-    while kept() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert kept() == []  # idle for keep_workers_s: gone, its GPU free again
+        monkeypatch.setattr(hrun, "_code_version", lambda exp: "other-code")
+        third, _ = _run(_experiment(tmp_path, name="keep3", **fields))
+        assert third.reused == 0 and pids("keep3").isdisjoint(pids("keep1"))
+    finally:
+        _drop_kept()
 
 
-def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events,
-                                                               tmp_path: Path) -> None:
+def test_a_kept_worker_leaves_once_idle(cl, events, tmp_path: Path) -> None:
+    """A kept worker gives its GPU back once no run has used it for keep_workers_s."""
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # the kept worker exists while the run holds it
+        while not stop.is_set():
+            seen.extend(n for n in _kept() if n not in seen)
+            time.sleep(0.3)
+
+    fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 1},
+                  search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0]}},
+                  fleet={"compile_workers": 0, "keep_workers_s": 3})
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        summary, _ = _run(_experiment(tmp_path, name="idle", **fields))
+    finally:
+        stop.set()
+        watcher.join()
+    assert summary.rows[0]["counts"]["measured"] >= 1 and seen, seen
+    deadline = time.monotonic() + 45
+    while _kept() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert _kept() == []  # idle for keep_workers_s: gone, its GPU free again
+
+
+def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events, tmp_path: Path,
+                                                               monkeypatch) -> None:
     """A kept worker leased by the next run builds that run's first problem and sends its
     known configs to compile before the lease returns, as a new worker does at start."""
-    from ray.util import list_named_actors
+    import harness.run as hrun
 
-    from harness.fleet import KEPT_NS
-
-    def kept() -> bool:
-        return any(a["namespace"] == KEPT_NS for a in list_named_actors(all_namespaces=True))
-
-    deadline = time.monotonic() + 75
-    while kept() and time.monotonic() < deadline:
-        time.sleep(0.5)  # an earlier test's kept worker (same code) would be leased
-    assert not kept()
+    # Code of its own: an earlier test's kept worker is never leased here.
+    monkeypatch.setattr(hrun, "_code_version", lambda exp: "lease-test")
     fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2,
                                              "remeasure_top_k": 0},
                   search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10]}},
                   fleet={"compile_workers": 1, "keep_workers_s": 40, "queue_depth": 2})
-    first, _ = _run(_experiment(tmp_path, name="lease1", **fields))
-    second, _ = _run(_experiment(tmp_path, name="lease2", shapes=[{"N": 512}], **fields))
+    try:
+        first, _ = _run(_experiment(tmp_path, name="lease1", **fields))
+        second, _ = _run(_experiment(tmp_path, name="lease2", shapes=[{"N": 512}], **fields))
+    finally:
+        _drop_kept()
     assert first.reused == 0 and second.reused == 1
     start = second.worker_startup["H200"]
     # It describes this lease, not the worker's start-up in the first run.
@@ -554,9 +592,6 @@ def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events,
     # The default (SLEEP_MS 0, one of the grid's two configs) and the grid's other one.
     assert start["compiles_sent"] == 2
     assert second.rows[0]["default_latency_ms"] > 0
-    deadline = time.monotonic() + 70
-    while time.monotonic() < deadline and kept():
-        time.sleep(0.5)  # the kept worker leaves once idle: the simulated GPU is free again
 
 
 def test_a_study_remeasures_while_another_still_searches(cl, events, tmp_path: Path) -> None:

@@ -79,6 +79,7 @@ def test_every_structural_choice(config, device):
         _run({**config, "PRECISION": other}, device, shape=shape)
 
 
+@pytest.mark.slow  # a sweep: the fast tier keeps one case of each choice
 @pytest.mark.parametrize("shape", [
     {"B": 2, "T": 100, "C": 96, "H": 2},  # hd 48 = 32 + 16, T off every tile
     {"B": 1, "T": 130, "C": 160, "H": 2},  # hd 80 = 64 + 16
@@ -179,11 +180,13 @@ def _tile_cases() -> list[dict]:
     return cases
 
 
+@pytest.mark.slow  # a sweep: the fast tier keeps one case of each choice
 @pytest.mark.parametrize("config", _tile_cases(), ids=str)
 def test_every_block_size_and_warps(config, device):
     _run(config, device)
 
 
+@pytest.mark.slow  # a sweep: the fast tier keeps one case of each choice
 @pytest.mark.parametrize("bm", PARAMS["FLASH_BLOCK_M"])
 @pytest.mark.parametrize("bn", PARAMS["FLASH_BLOCK_N"])
 def test_flash_tiles_fp16(bm, bn, device):
@@ -191,6 +194,7 @@ def test_flash_tiles_fp16(bm, bn, device):
          device)
 
 
+@pytest.mark.slow  # a sweep: the fast tier keeps one case of each choice
 @pytest.mark.parametrize("shape", [
     {"B": 2, "T": 100, "C": 48, "H": 2},  # T not a multiple of any tile, hd 24 padded
     {"B": 1, "T": 77, "C": 64, "H": 4},   # hd 16: no padding

@@ -157,7 +157,7 @@ def _run_faulty(tmp_path: Path, name: str, params: dict, packs_dir: Path, rounds
     events = tmp_path / "events"
     events.mkdir(exist_ok=True)
     exp = {
-        "name": name, "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
+        "name": name, "kernel": "tests.fault_kernels:WrongDefault", "shapes": [{"N": 256}],
         "dtypes": ["fp32"],
         "search": {"sampler": "grid", "trials": 8, "warm_start": False,
                    "remeasure_top_k": 2, "remeasure_rounds": rounds},
@@ -180,13 +180,14 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
     """Two configs that take the same time (COMPILE_MS only slows the Faulty kernel's
     compile children, and there are none here): a first run that measured only
     COMPILE_MS=1 froze it; a re-run over both keeps it (re-measured beside the top
-    configs), where without a pack the tie rules alone decide (equal footprints: the
-    lower same-round ratio, for two equal configs either one)."""
+    configs)."""
     def run(name: str, compile_ms: list[int], packs_dir: Path) -> dict:
-        # Sleeps long and rounds many enough that a loaded 2-core machine's jitter stays
-        # inside the 2 % band (100 ms and 3 rounds did not, once in CI).
+        # Sleeps long enough that a loaded 2-core machine's jitter stays inside the 2 %
+        # band (100 ms did not, once in CI); four rounds, below the five same-round pairs
+        # after which a gap that every round shows counts as real (CONSISTENT_ROUNDS): a
+        # sleep's overshoot is not the kind of gap that rule is for.
         return _run_faulty(tmp_path, name, {"SLEEP_MS": [250, 500], "COMPILE_MS": compile_ms},
-                           packs_dir, rounds=5)
+                           packs_dir, rounds=4)
 
     first = run("first", [1], tmp_path / "packs")
     assert first["params"]["COMPILE_MS"] == 1 and first["params"]["SLEEP_MS"] == 250
@@ -194,11 +195,6 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
     assert again["params"]["COMPILE_MS"] == 1 and again["params"]["SLEEP_MS"] == 250, \
         (again["winner_reason"], again["remeasured"])
     assert "current winner" in again["winner_reason"], again["winner_reason"]
-    fresh = run("fresh", [0, 1], tmp_path / "fresh-packs")
-    # No pack, no incumbent: the tie rules (or, were one slower in every round, the
-    # medians) decide between the two.
-    assert fresh["params"]["COMPILE_MS"] in (0, 1), fresh["winner_reason"]
-    assert "current winner" not in fresh["winner_reason"]
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -40,10 +41,10 @@ def _record(study_run: str, number: int, status: str = "measured") -> dict:
             "tags": {"hardware": "H200", "kernel": "k"}}
 
 
-def _study_with_three_trials(storage: str) -> None:
+def _study_with_three_trials() -> Any:
     import optuna
 
-    study = optuna.create_study(study_name="plots", storage=storage)
+    study = optuna.create_study(study_name="plots")
     for block, ms in ((64, 2.0), (128, 1.5), (256, 1.8)):
         study.enqueue_trial({"BLOCK": block})
         trial = study.ask()
@@ -51,33 +52,38 @@ def _study_with_three_trials(storage: str) -> None:
         trial.set_user_attr("status", "measured")
         trial.set_user_attr("result", {"latency_ms": ms, "roofline": 0.5, "tflops": 100.0})
         study.tell(trial, ms)
+    return study
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("actor", [True, False], ids=["actor", "thread"])
+@pytest.mark.parametrize("actor,cores", [(True, 16), (True, 2), (False, 2)],
+                         ids=["actors", "one-actor", "thread"])
 def test_the_logger_logs_in_order_draws_plots_and_reports_failures(local_ray, tmp_path,
-                                                                   monkeypatch, actor,
+                                                                   monkeypatch, actor, cores,
                                                                    empty_mlflow_db):
     """One logger (its own processes, or the thread stand-in) for a whole study, as in a
     run: trial runs logged in order into the driver's store, the finished study's plots
     drawn from its Optuna storage, and a failed call reported by the flush, not raised.
     (One logger per case: each logger process takes seconds to start.)"""
     monkeypatch.chdir(tmp_path)  # the relative store path resolves against the driver's cwd
+    monkeypatch.setattr(run_mod, "_cores", lambda: cores)
     if not actor:
         def refuse(*a, **k):
             raise RuntimeError("no actor here")
         monkeypatch.setattr(run_mod, "start_trial_logger", refuse)
     # A relative path, as the default store is (MLflow caches a store per URI string in
     # a process: one name per case).
-    db = f"mlflow-{actor}.db"
+    db = f"mlflow-{actor}-{cores}.db"
     empty_mlflow_db(tmp_path / db)
     tracker = track.Tracker(f"sqlite:///{db}", "logger-test")
     study_run = tracker.start_run("study", {"harness.level": "study"})
     logs = run_mod.Logs(tracker, "logger-test")
     assert (logs._actor is not None) == actor
-    # A process of its own for the plots, beside the trials' one.
+    # A process of its own for the plots, beside the trials' one, on a machine with
+    # cores to spare; with few, the trials' one draws them too.
     assert (logs._plotter is not None) == actor
-    assert logs._plotter is None or logs._plotter is not logs._actor
+    if actor:
+        assert (logs._plotter is logs._actor) == (cores < run_mod.SEPARATE_PLOTTER_CORES)
     trial_log = tmp_path / "trials.jsonl"
     try:
         for n in range(4):
@@ -89,9 +95,8 @@ def test_the_logger_logs_in_order_draws_plots_and_reports_failures(local_ray, tm
         assert logs.stats["trials"] == 4 and logs.stats["trials_s"] > 0
         assert logs.stats["ready_at"] <= logs.stats["caught_up_at"] <= time.monotonic()
         assert logs.stats["caught_up_at"] >= t_sent - 60
-        storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-        _study_with_three_trials(storage)
-        logs.plots(study_run, storage, "plots", "a title")
+        study = _study_with_three_trials()
+        logs.trial_plots(study_run, study.get_trials(deepcopy=False), "minimize", "a title")
         assert logs.flush() == []
         logs.log("no-such-run", metrics={"x": 1.0})
         errors = logs.flush()

@@ -113,8 +113,13 @@ def _pool_context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def _lower_priority() -> None:
-    """Each compile child's initializer: yield the CPU to the processes the GPU waits on."""
+def _init_child(environ: dict[str, str]) -> None:
+    """Each compile child's initializer. A forkserver is started once per process, so its
+    children inherit the environment of that moment: take the pool owner's current one
+    (cache directory, device selection, ...). Then yield the CPU to the processes the GPU
+    waits on."""
+    os.environ.clear()
+    os.environ.update(environ)
     try:
         os.nice(COMPILE_NICE)
     except OSError as exc:  # a sandbox that forbids it: children at normal priority
@@ -186,7 +191,8 @@ class Precompiler:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.processes, mp_context=_pool_context(),
-                                             initializer=_lower_priority)
+                                             initializer=_init_child,
+                                             initargs=(dict(os.environ),))
         return self._pool
 
     def start(self) -> None:

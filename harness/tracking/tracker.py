@@ -271,13 +271,15 @@ class TrialLogger:
         there it did) nor from the process logging the trials (it fell behind)."""
         self._do(warm_imports)
 
-    def plots(self, run_id: str, storage: str, study_name: str, title: str) -> None:
-        """The study's plots (``Tracker.log_study_plots``), drawn from its Optuna
-        storage once its search is over."""
+    def trial_plots(self, run_id: str, trials: list[Any], direction: str, title: str) -> None:
+        """The plots of a study whose search just ended, drawn from its trials as the
+        driver holds them: nothing waits for them to reach the Optuna storage, so each
+        study's plots are drawn while the others still search, not after the last."""
         def draw() -> None:
             import optuna
 
-            study = optuna.load_study(study_name=study_name, storage=storage)
+            study = optuna.create_study(direction=direction)
+            study.add_trials(trials)
             self.tracker.log_study_plots(run_id, study, title)
 
         t0 = time.perf_counter()

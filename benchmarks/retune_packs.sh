@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Re-tunes every shipped pack on this machine's GPU with the current code, then installs the
+# new packs as the shipped ones (harness/packs/shipped/<GPU>/) and re-renders the bench.
+#
+# Usage (repository root, one GPU visible):
+#   OUT=<folder> bash benchmarks/retune_packs.sh            # every pack experiment
+#   OUT=<folder> bash benchmarks/retune_packs.sh configs/zoo/silu.yaml ...   # some of them
+#
+# Each experiment runs with `--fresh` into a scratch packs folder seeded with the shipped
+# packs, so that the shipped winner is re-measured beside the search's finalists and a
+# config is replaced only by one measured faster in the same run. Writes into $OUT: one
+# `<experiment>.json` (the run's `--json` summary) and `.log` per experiment, the new
+# packs under `packs/<GPU>/`, and `device.txt`. Exit status: the number of failed runs.
+set -u
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:-/tmp/retune}"
+PY="${PYTHON:-python3}"
+WORK="$(mktemp -d /tmp/retune-XXXX)"
+mkdir -p "$OUT"
+
+if [ "$#" -gt 0 ]; then
+  EXPERIMENTS=("$@")
+else
+  # The experiments whose studies write the shipped packs (output.packs_dir: packs); the
+  # MiniGPT block's pack comes from its attention grid (zoo/minigpt_block.yaml is the
+  # quick TPE version of the same space).
+  EXPERIMENTS=(configs/zoo/silu.yaml configs/zoo/silu_mul.yaml configs/zoo/softplus_clamp.yaml
+               configs/zoo/rmsnorm.yaml configs/zoo/mulsum.yaml configs/zoo/mulsum_states.yaml
+               configs/zoo/mulsum_c_states.yaml configs/zoo/mulsum_ydiag.yaml
+               configs/zoo/selective_scan.yaml configs/zoo/selective_scan_fp16.yaml
+               configs/minigpt_attn_grid.yaml configs/matmul_grid216.yaml
+               configs/grouped_gemm_small_m.yaml configs/grouped_gemm_moe.yaml
+               configs/zoo/mamba2_ssd.yaml)
+fi
+
+{ date -u +"%Y-%m-%d %H:%M:%S UTC"; nvidia-smi -L 2>/dev/null; "$PY" -c "import triton, torch;\
+print('triton', triton.__version__, 'torch', torch.__version__)"; \
+  echo "git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "${HARNESS_GIT_SHA:-unknown}")"; } \
+  > "$OUT/device.txt" 2>&1
+
+GPU="$("$PY" -c "from harness.hardware import current_device; print(current_device().key)")"
+mkdir -p "$WORK/packs"
+cp -r "$ROOT/harness/packs/shipped/$GPU" "$WORK/packs/" 2>/dev/null || mkdir -p "$WORK/packs/$GPU"
+
+failed=0
+for exp in "${EXPERIMENTS[@]}"; do
+  name="$(basename "$exp" .yaml)"
+  t0=$(date +%s)
+  (cd "$WORK" && "$PY" -m harness run "$ROOT/$exp" --fresh --json \
+     --set "output.packs_dir=$WORK/packs" --set "output.runs_dir=$WORK/runs" \
+     --set "tracking.uri=sqlite:///$WORK/mlflow.db" > "$OUT/$name.json" 2> "$OUT/$name.log")
+  rc=$?
+  echo "$exp: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
+done
+
+mkdir -p "$OUT/packs"
+cp -r "$WORK/packs/$GPU" "$OUT/packs/"
+echo "new packs: $OUT/packs/$GPU; install them with"
+echo "  cp $OUT/packs/$GPU/*.json harness/packs/shipped/$GPU/ && kharness bench --out benchmarks/results" \
+     "&& python benchmarks/render_readme.py"
+exit "$failed"
