@@ -222,7 +222,8 @@ def peak_tflops(kernel: Kernel, dtype: str, peaks: Mapping[str, float],
     cdt = kernel.compute_dtype(dtype)
     if cdt is None:
         return None
-    name, work = PRECISION_PEAK.get(precision or "", (cdt, 1))
+    # "tf32x3, fp16 state": the inner products' precision sets the peak.
+    name, work = PRECISION_PEAK.get((precision or "").split(",")[0], (cdt, 1))
     rate = peaks.get(f"{name}_tflops")
     return rate / work if rate else None
 

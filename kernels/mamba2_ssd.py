@@ -374,6 +374,18 @@ class Mamba2SSD(Kernel):
         return dtype if dtype in ("bf16", "fp16") else "fp32"
 
     # -- accuracy and validity --------------------------------------------------------
+    def precision(self, config: Config, dtype: str) -> str:
+        """fp32 inputs: 3xTF32 inner products (``tf32x3``) on NVIDIA GPUs, IEEE fp32 under
+        the interpreter and on ROCm (as the launcher's ``PREC``); other inputs: their
+        dtype. Then the states' dtype where they are rounded between chunks."""
+        if dtype == "fp32":
+            ieee = os.environ.get("TRITON_INTERPRET") == "1" or bool(torch.version.hip)
+            base = "ieee fp32" if ieee else "tf32x3"
+        else:
+            base = dtype
+        state = str({**self.default_config, **config}.get("STATE_DTYPE", "fp32"))
+        return base if state == "fp32" else f"{base}, {state} state"
+
     def tolerance(self, dtype: str, config: Config) -> Tolerance:
         # fp32 inputs: fp32 accuracy whatever the config; a state stored in fp16/bf16 (about
         # 3e-3 at the seed shapes) fails there rather than passing as an fp32 result.

@@ -29,10 +29,10 @@ DEVICE = "cuda" if HAS_GPU else "cpu"
 # the Ray whose address the last `ray start` on the machine left in it, and a simulated
 # cluster of one test process (pytest -n) must not be joined by another's runs. Short:
 # Ray's unix sockets live under it.
-if "RAY_TMPDIR" not in os.environ:
-    _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"kh-{_worker}-", dir="/tmp")
-    atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
+# Set in every process, not inherited: pytest -n's workers get the controller's environment.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"kh-{_worker}-", dir="/tmp")
+atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
 
 
 def pytest_collection_modifyitems(config, items):

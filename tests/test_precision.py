@@ -32,9 +32,26 @@ REPORTS = sorted((ROOT / "benchmarks" / "results").glob("*/bench.json"))
     ("minigpt_block", {"PRECISION": "fp16"}, "fp32", "fp16"),
     ("minigpt_block", {"PRECISION": "fp32"}, "fp32", "ieee fp32"),
     ("rmsnorm", {}, "bf16", "bf16"),
+    ("mamba2_ssd", {}, "bf16", "bf16"),
+    ("mamba2_ssd", {"STATE_DTYPE": "fp16"}, "bf16", "bf16, fp16 state"),
 ])
 def test_each_family_says_what_a_config_computes_in(kernel, config, dtype, want) -> None:
     assert kernel_api.get(kernel).precision(config, dtype) == want
+
+
+def test_the_ssd_says_its_fp32_inner_products_are_3xtf32_on_nvidia(monkeypatch) -> None:
+    """The SSD's fp32 dots run 3xTF32 on NVIDIA GPUs (its launcher's PREC), IEEE fp32
+    under the interpreter; the roofline then takes a third of the tf32 peak."""
+    fam = kernel_api.get("mamba2_ssd")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert fam.precision({}, "fp32") == "ieee fp32"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr("torch.version.hip", None)
+    assert fam.precision({}, "fp32") == "tf32x3"
+    assert fam.precision({"STATE_DTYPE": "fp16"}, "fp32") == "tf32x3, fp16 state"
+    shape = next(iter(fam.shapes.values()))
+    assert math.isclose(roofline_ms(fam, shape, "fp32", PEAKS, "tf32x3, fp16 state"),
+                        roofline_ms(fam, shape, "fp32", PEAKS, "tf32x3"))
 
 
 def test_roofline_takes_the_peak_of_the_precision_used() -> None:

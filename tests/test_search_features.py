@@ -153,7 +153,9 @@ def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path) -> None:
                           cwd=tmp_path, env=cli_env(events), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (row,) = json.loads(proc.stdout)["rows"]
+    rows = json.loads(proc.stdout)["rows"]
+    assert len(rows) == 1, [(r["hardware"], r["shape"]) for r in rows]
+    row = rows[0]
     assert row["params"]["SLEEP_MS"] == 0
     assert row["counts"]["measured"] == 1 and row["counts"]["cut"] == 3, row["counts"]
     launches: dict[int, int] = {}
