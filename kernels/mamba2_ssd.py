@@ -53,6 +53,13 @@ REF_CHUNK = 64
 _MAX_REGS_PER_THREAD = 128
 
 
+def _fp32_dot_precision(interpreted: bool) -> str:
+    """The ``input_precision`` of fp32 dots: 3xTF32 on NVIDIA tensor cores keeps fp32
+    accuracy (plain fp32 dots fall back to FMA and spill); full IEEE where 3xTF32 is
+    unavailable (the interpreter, ROCm)."""
+    return "ieee" if interpreted or torch.version.hip else "tf32x3"
+
+
 def _next_pow2(v: int) -> int:
     return 1 << max(int(v) - 1, 0).bit_length()
 
@@ -254,11 +261,7 @@ class Mamba2SSD(Kernel):
         common = {
             "DOT": _TL_DTYPES[x.dtype],
             "UPCAST": interpreted and x.dtype == torch.bfloat16,
-            # fp32 inputs: 3xTF32 on NVIDIA tensor cores keeps fp32 accuracy (plain fp32 dots
-            # fall back to FMA and spill); full IEEE where 3xTF32 is unavailable.
-            "PREC": ("ieee" if interpreted or torch.version.hip else "tf32x3")
-            if x.dtype == torch.float32
-            else "tf32",
+            "PREC": _fp32_dot_precision(interpreted) if x.dtype == torch.float32 else "tf32",
         }
         nchunks = triton.cdiv(L, chunk)
 
@@ -375,12 +378,12 @@ class Mamba2SSD(Kernel):
 
     # -- accuracy and validity --------------------------------------------------------
     def precision(self, config: Config, dtype: str) -> str:
-        """fp32 inputs: 3xTF32 inner products (``tf32x3``) on NVIDIA GPUs, IEEE fp32 under
-        the interpreter and on ROCm (as the launcher's ``PREC``); other inputs: their
-        dtype. Then the states' dtype where they are rounded between chunks."""
+        """fp32 inputs: the launcher's fp32 dot precision (``tf32x3`` on NVIDIA GPUs,
+        ``ieee fp32`` under the interpreter and on ROCm); other inputs: their dtype. Then
+        the states' dtype where they are rounded between chunks."""
         if dtype == "fp32":
-            ieee = os.environ.get("TRITON_INTERPRET") == "1" or bool(torch.version.hip)
-            base = "ieee fp32" if ieee else "tf32x3"
+            prec = _fp32_dot_precision(os.environ.get("TRITON_INTERPRET") == "1")
+            base = "ieee fp32" if prec == "ieee" else prec
         else:
             base = dtype
         state = str({**self.default_config, **config}.get("STATE_DTYPE", "fp32"))

@@ -25,11 +25,10 @@ if not HAS_GPU:
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 
-# A Ray temp dir per test process (and the runs it starts): a run without RAY_ADDRESS joins
-# the Ray whose address the last `ray start` on the machine left in it, and a simulated
-# cluster of one test process (pytest -n) must not be joined by another's runs. Short:
-# Ray's unix sockets live under it.
-# Set in every process, not inherited: pytest -n's workers get the controller's environment.
+# A Ray temp dir per test process (and the runs it starts), set here rather than inherited
+# (pytest -n's workers get the controller's environment): a run without RAY_ADDRESS joins
+# the Ray whose address the last `ray start` left in it, and a simulated cluster of one
+# test process must not be joined by another's runs. Short: Ray's sockets live under it.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"kh-{_worker}-", dir="/tmp")
 atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
