@@ -436,15 +436,18 @@ def test_remeasurement_of_a_study_runs_on_one_gpu(cl, events, tmp_path: Path) ->
                        fleet={"queue_depth": 2, "compile_workers": 0})
     summary, _ = _run(path)
     (row,) = summary.rows
-    assert row["params"]["SLEEP_MS"] == 0 and row["remeasure_candidates"] == 2
+    # The finalists: the search's top 2, and the kernel's default (SLEEP_MS 0) where the
+    # search did not rank it among them (a loaded CPU can time it behind 30 or 60 ms).
+    n = row["remeasure_candidates"]
+    assert row["params"]["SLEEP_MS"] == 0 and n in (2, 3)
     launches = [e for e in read_events(events) if e["event"] == "launch"]
-    trial_pids = {e["pid"] for e in launches[:-12]}
-    assert len(trial_pids) == 2  # the search used both workers
-    # The last 12 launches: 2 candidates x 3 rounds x 2 timed runs on the CPU (the checked
+    # The last launches: n candidates x 3 rounds x 2 timed runs on the CPU (the checked
     # output is the last timed run's: no separate first call).
-    tail = launches[-12:]
+    tail, search = launches[-6 * n:], launches[:-6 * n]
+    assert len({e["pid"] for e in search}) == 2  # the search used both workers
     assert len({e["pid"] for e in tail}) == 1, [(e["pid"], e["config"]["SLEEP_MS"]) for e in tail]
-    assert [e["config"]["SLEEP_MS"] for e in tail[::2]] == [0, 30] * 3
+    order = [e["config"]["SLEEP_MS"] for e in tail[::2]]
+    assert order == order[:n] * 3 and len(set(order)) == n and 0 in order, order
 
 
 def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -24,7 +25,10 @@ def _expected(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> dict:
         "max_rel_err": float(diff.max()) / denom,
         "frac_within_1e3": float(((diff <= 1e-3) | (rel <= 1e-3)).double().mean()),
         "frac_within_1e2": float(((diff <= 1e-2) | (rel <= 1e-2)).double().mean()),
-        "bad": int((diff > tol.atol + tol.rtol * scale).sum()),
+        # An fp32 comparison may round an element lying on the bound (within a few ulp)
+        # either way: the count is exact up to those.
+        "bad": (int((diff > (tol.atol + tol.rtol * scale) * (1 + 1e-6)).sum()),
+                int((diff > (tol.atol + tol.rtol * scale) * (1 - 1e-6)).sum())),
     }
 
 
@@ -39,9 +43,10 @@ def test_compare_matches_a_float64_computation(dtype: torch.dtype, prepared: boo
     want = _expected(out, ref, tol)
     for k in ("max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2"):
         assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-12), k
-    assert got["ok"] == (want["bad"] == 0)
-    if want["bad"]:
-        assert f"{want['bad']}/{out.numel()} elements" in got["reason"]
+    lo, hi = want["bad"]
+    found = re.search(rf"(\d+)/{out.numel()} elements", got["reason"])
+    bad = int(found.group(1)) if found else 0
+    assert got["ok"] == (bad == 0) and lo <= bad <= hi, (got["reason"], lo, hi)
 
 
 def test_compare_counts_bad_elements_exactly_and_reports_nan() -> None:

@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(replaced_by_fresh(before), markup=False, highlight=False)
     _ray_auth_mode()
     import harness
-    from harness.fleet import NoHardwareError
+    from harness.fleet import NoHardwareError, RayStartError
     from harness.run import run
 
     try:
@@ -82,6 +82,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     except NoHardwareError as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}", markup=True)
         return EXIT_NO_HARDWARE
+    except RayStartError as exc:
+        console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
+        return 1
     summary.tracking_uri = redact(summary.tracking_uri)
     summary.events = [redact(e) for e in summary.events]
     if args.json:

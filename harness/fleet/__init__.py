@@ -8,10 +8,11 @@ configs ahead (``compile_service``, ``compile``). It never decides what to try.
 its inputs as layouts without memory, as a compile process gets them.
 """
 
-from harness.fleet.cluster import NoHardwareError, check_placement
+from harness.fleet.cluster import NoHardwareError, RayStartError, check_placement
 from harness.fleet.compile import materialise, skeleton
 from harness.fleet.driver import MAX_RETRIES, Fleet
 from harness.fleet.slots import KEPT_NS, KEPT_PREFIX, Task, code_version
 
-__all__ = ["KEPT_NS", "KEPT_PREFIX", "MAX_RETRIES", "Fleet", "NoHardwareError", "Task",
-           "check_placement", "code_version", "materialise", "skeleton"]
+__all__ = ["KEPT_NS", "KEPT_PREFIX", "MAX_RETRIES", "Fleet", "NoHardwareError",
+           "RayStartError", "Task", "check_placement", "code_version", "materialise",
+           "skeleton"]

@@ -30,6 +30,10 @@ class NoHardwareError(RuntimeError):
     pass
 
 
+class RayStartError(RuntimeError):
+    """The run's own Ray did not come up (twice)."""
+
+
 def check_placement(expected: str, ray_name: str | None, info: Mapping[str, Any]) -> None:
     """Raise where a worker placed as ``expected`` sees another GPU (a node whose
     ``accelerator_type`` resource is wrong). Interpreted workers see no GPU: no check."""
@@ -67,7 +71,24 @@ def start_local_ray(**kw: Any) -> None:
     os.environ[env] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(address="local", include_dashboard=False, **kw)
+        for attempt in (1, 2):
+            try:
+                ray.init(address="local", include_dashboard=False, **kw)
+                return
+            except Exception as exc:  # Ray raises a bare Exception on its start timeout
+                # Ray waits a fixed 30 s for its raylet to register. On a loaded machine
+                # (measured: a 2-core box running two test processes) that wait ran out
+                # once; a second start came up.
+                ray.shutdown()
+                if "timed out during startup" not in str(exc):
+                    raise
+                if attempt == 2:
+                    raise RayStartError(
+                        f"Ray did not start on this machine, twice ({exc}). Its logs are "
+                        f"under {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/"
+                        "logs; an overloaded machine or a full /tmp are the usual causes."
+                    ) from exc
+                log.warning("Ray did not start in time (%s): starting it again", exc)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
         if before_env is None:
