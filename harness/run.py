@@ -242,11 +242,15 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     if not resume:  # an earlier run's studies of this name: seconds to delete from sqlite
         for spec in planned:
             _drop_study(url, spec.name)
-    storage = WriteBehindStorage(url)
+    # The Optuna writer and the MLflow logger: processes of their own beside a driver
+    # that feeds GPUs; threads of it where no GPU runs (the interpreter sets the pace,
+    # and each process would take seconds of the same CPUs to start).
+    gpus = any(k != "cpu" for k in targets)
+    storage = WriteBehindStorage(url, process=gpus)
     tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
     # The search's MLflow logger starts (its own process: seconds) while the workers do.
-    logs = Logs(tracker, exp.tracking.experiment or exp.name)
+    logs = Logs(tracker, exp.tracking.experiment or exp.name, processes=gpus)
     summary.mark("tracking_ready")
     targets, infos = _started(targets, fleet, console, summary)
     summary.mark("workers_ready")

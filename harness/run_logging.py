@@ -83,16 +83,20 @@ class Logs:
     ``TrialLogger`` in a process of its own (``track.start_trial_logger``) for the
     trials, and a second one that imports the plotting code as the search starts and
     draws the studies' plots at its end, beside the first one catching up (one
-    process doing both fell seconds behind the trials); or, where no actor can be
-    started, one sharing the driver's Tracker on a thread."""
+    process doing both fell seconds behind the trials); or one sharing the driver's
+    Tracker on a thread: where no actor can be started, or ``processes=False`` (a run
+    without GPUs, whose pace the interpreter sets: a process costs seconds of CPU to
+    start and import MLflow, on the machine that also runs the kernels)."""
 
-    def __init__(self, tracker: Tracker, experiment_name: str) -> None:
+    def __init__(self, tracker: Tracker, experiment_name: str, processes: bool = True) -> None:
         self._actor: Any = None
         self._plotter: Any = None
         self._bg: _Background | None = None
         self.stats: dict[str, float] = {}  # TrialLogger.stats, as of the last flush
         self._held: dict[tuple[str, int], tuple[Path, dict[str, Any]]] = {}  # see ``hold``
         try:
+            if not processes:
+                raise RuntimeError("a run without GPUs")
             # Where the driver's machine has few cores, a second process importing the
             # plotting code competes with the workers' start-up: one draws the plots too.
             one = _cores() < SEPARATE_PLOTTER_CORES
@@ -100,7 +104,8 @@ class Logs:
             self._plotter = (self._actor if one else
                              start_trial_logger(tracker.uri, experiment_name, plots=True))
         except Exception as exc:
-            log.warning("MLflow logger process unavailable (%s): logging on a thread", exc)
+            if processes:
+                log.warning("MLflow logger process unavailable (%s): logging on a thread", exc)
             self._local = TrialLogger.sharing(tracker)
             self._bg = _Background()
             self._bg.call(self._local.warm_plots)

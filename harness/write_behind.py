@@ -6,11 +6,12 @@ finishing a trial every 30-50 ms, the driver, not the GPUs, set the pace of a ma
 run. ``WriteBehindStorage`` keeps the run's studies in an ``InMemoryStorage`` (an ask and
 a tell: about a millisecond) and a writer process copies each finished trial, whole and
 in the order the trials were created, into the persistent storage (a Ray actor beside
-the driver), so that a trial keeps its number there. The driver learns which trials are
-stored (``stored``): a trial's MLflow record is sent only once its trial is, so that
-``--resume`` (which trusts the persistent storage) and MLflow agree after a killed
-driver. A driver killed mid-run loses the trials not yet written, which the resumed run
-asks for again; ``close`` writes everything.
+the driver; on a run without GPUs, a thread of the driver: the interpreter sets its pace,
+and a process costs seconds of CPU to start), so that a trial keeps its number there.
+The driver learns which trials are stored (``stored``): a trial's MLflow record is sent
+only once its trial is, so that ``--resume`` (which trusts the persistent storage) and
+MLflow agree after a killed driver. A driver killed mid-run loses the trials not yet
+written, which the resumed run asks for again; ``close`` writes everything.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import copy
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent import futures
 from typing import Any
 
 import optuna
@@ -33,7 +35,6 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 600.0
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
 class _Writer:
     """The writer: applies batches of operations to the storage at ``url`` in the order
     they come (one caller, one thread) and answers with the trials written, as (study
@@ -74,6 +75,9 @@ class _Writer:
         return written
 
 
+_WriterActor = ray.remote(num_cpus=0, max_restarts=0)(_Writer)
+
+
 def _update(storage: Any, study_id: int, t: FrozenTrial) -> None:
     tid = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
     for k, v in t.user_attrs.items():
@@ -83,21 +87,29 @@ def _update(storage: Any, study_id: int, t: FrozenTrial) -> None:
 
 
 class WriteBehindStorage(optuna.storages.InMemoryStorage):
-    """Studies in memory, finished trials written to ``url`` by a writer process, in the
-    order of their numbers (see the module's docstring)."""
+    """Studies in memory, finished trials written to ``url`` by a writer process (or,
+    ``process=False``, a thread), in the order of their numbers (see the module's
+    docstring)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, process: bool = True) -> None:
         super().__init__()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         from harness.search import make_storage
 
         self.url = url
         self._backend = make_storage(url)  # read once per study, when it is opened
-        # Beside the driver: the storage is a file of the driver's machine.
-        here = ray.get_runtime_context().get_node_id()
-        self._writer = _Writer.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(url)
+        self._writer: Any = None
+        self._thread: futures.ThreadPoolExecutor | None = None
+        if process:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            # Beside the driver: the storage is a file of the driver's machine.
+            here = ray.get_runtime_context().get_node_id()
+            self._writer = _WriterActor.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
+            ).remote(url)
+        else:
+            self._thread = futures.ThreadPoolExecutor(1, thread_name_prefix="harness-optuna")
+            self._local = self._thread.submit(_Writer, url)
         self._batch: list[tuple] = []
         self._acks: list[Any] = []  # each batch's answer, not collected yet
         self._lock = threading.RLock()
@@ -203,7 +215,11 @@ class WriteBehindStorage(optuna.storages.InMemoryStorage):
         with self._lock:
             batch, self._batch = self._batch, []
         if batch:
-            self._acks.append(self._writer.apply.remote(batch))
+            if self._thread is not None:  # one thread: batches apply in order
+                self._acks.append(self._thread.submit(
+                    lambda b=batch: self._local.result().apply(b)))
+            else:
+                self._acks.append(self._writer.apply.remote(batch))
 
     def poll_stored(self, timeout_s: float = 0.0) -> set[tuple[str, int]]:
         """Send what is gathered; the trials written since the last call, (study name,
@@ -211,11 +227,9 @@ class WriteBehindStorage(optuna.storages.InMemoryStorage):
         self.flush()
         new: set[tuple[str, int]] = set()
         if self._acks:
-            ready, self._acks = ray.wait(self._acks, num_returns=len(self._acks),
-                                         timeout=timeout_s)
-            for ref in ready:
+            for written in self._ready(timeout_s):
                 try:
-                    new.update(tuple(x) for x in ray.get(ref))  # type: ignore[misc]
+                    new.update(tuple(x) for x in written())  # type: ignore[misc]
                 except Exception as exc:  # the writer is gone: nothing more is stored
                     log.warning("the study writer failed: %s", exc)
         self.stored |= new
@@ -232,4 +246,19 @@ class WriteBehindStorage(optuna.storages.InMemoryStorage):
         self.poll_stored(timeout_s=CLOSE_TIMEOUT_S)
         if self._acks:
             log.warning("the study writer did not finish within %g s", CLOSE_TIMEOUT_S)
-        ray.kill(self._writer)
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+        else:
+            ray.kill(self._writer)
+
+    def _ready(self, timeout_s: float) -> list[Any]:
+        """The batches the writer has answered, in order, as callables giving each
+        batch's trials written (or raising the writer's error); the rest stay pending."""
+        if self._thread is not None:
+            futures.wait(self._acks, timeout=timeout_s)
+            n = next((i for i, f in enumerate(self._acks) if not f.done()), len(self._acks))
+            ready, self._acks = self._acks[:n], self._acks[n:]
+            return [f.result for f in ready]
+        ready, self._acks = ray.wait(self._acks, num_returns=len(self._acks),
+                                     timeout=timeout_s)
+        return [lambda r=ref: ray.get(r) for ref in ready]

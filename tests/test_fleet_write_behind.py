@@ -34,9 +34,11 @@ def _stored(url: str, name: str) -> dict[int, tuple[str, float | None]]:
     return {t.number: (t.state.name, t.value) for t in study.trials}
 
 
-def test_trials_are_written_in_order_once_finished(local_ray, tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", [True, False], ids=["process", "thread"])
+def test_trials_are_written_in_order_once_finished(local_ray, tmp_path: Path,
+                                                   process: bool) -> None:
     url = storage_url(tmp_path, "wb")
-    wb = WriteBehindStorage(url)
+    wb = WriteBehindStorage(url, process=process)
     study = optuna.create_study(study_name="s", storage=wb, load_if_exists=True)
     study.set_user_attr("eager", {"latency_ms": 2.0})
     t0, t1, t2 = study.ask(), study.ask(), study.ask()
@@ -58,7 +60,7 @@ def test_trials_are_written_in_order_once_finished(local_ray, tmp_path: Path) ->
 
     # Reopened: the same trials, numbers and attributes; the running trial, told now, is
     # updated where it is stored; new trials follow it.
-    wb2 = WriteBehindStorage(url)
+    wb2 = WriteBehindStorage(url, process=process)
     again = optuna.create_study(study_name="s", storage=wb2, load_if_exists=True)
     assert [(t.number, t.state.name) for t in again.trials] == [
         (0, "COMPLETE"), (1, "COMPLETE"), (2, "FAIL"), (3, "RUNNING")]

@@ -56,15 +56,18 @@ def _study_with_three_trials() -> Any:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("actor,cores", [(True, 16), (True, 2), (False, 2)],
-                         ids=["actors", "one-actor", "thread"])
+@pytest.mark.parametrize("actor,cores,processes",
+                         [(True, 16, True), (True, 2, True), (False, 2, False),
+                          (False, 2, True)],
+                         ids=["actors", "one-actor", "thread", "no-actor"])
 def test_the_logger_logs_in_order_draws_plots_and_reports_failures(local_ray, tmp_path,
                                                                    monkeypatch, actor, cores,
-                                                                   empty_mlflow_db):
-    """One logger (its own processes, or the thread stand-in) for a whole study, as in a
-    run: trial runs logged in order into the driver's store, the finished study's plots
-    drawn from its Optuna storage, and a failed call reported by the flush, not raised.
-    (One logger per case: each logger process takes seconds to start.)"""
+                                                                   processes, empty_mlflow_db):
+    """One logger (its own processes; a thread of the driver, as on a run without GPUs
+    or where no actor starts) for a whole study, as in a run: trial runs logged in order
+    into the driver's store, the finished study's plots drawn from its Optuna storage,
+    and a failed call reported by the flush, not raised. (One logger per case: each
+    logger process takes seconds to start.)"""
     monkeypatch.chdir(tmp_path)  # the relative store path resolves against the driver's cwd
     monkeypatch.setattr(run_mod, "_cores", lambda: cores)
     if not actor:
@@ -73,11 +76,11 @@ def test_the_logger_logs_in_order_draws_plots_and_reports_failures(local_ray, tm
         monkeypatch.setattr(run_mod, "start_trial_logger", refuse)
     # A relative path, as the default store is (MLflow caches a store per URI string in
     # a process: one name per case).
-    db = f"mlflow-{actor}-{cores}.db"
+    db = f"mlflow-{actor}-{cores}-{processes}.db"
     empty_mlflow_db(tmp_path / db)
     tracker = track.Tracker(f"sqlite:///{db}", "logger-test")
     study_run = tracker.start_run("study", {"harness.level": "study"})
-    logs = run_mod.Logs(tracker, "logger-test")
+    logs = run_mod.Logs(tracker, "logger-test", processes=processes)
     assert (logs._actor is not None) == actor
     # A process of its own for the plots, beside the trials' one, on a machine with
     # cores to spare; with few, the trials' one draws them too.
