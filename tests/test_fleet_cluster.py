@@ -513,33 +513,42 @@ def _drop_kept() -> None:
 
 def test_kept_workers_serve_the_next_run(cl, events, tmp_path: Path, monkeypatch) -> None:
     """fleet.keep_workers_s on a cluster that outlives the run: the second run leases the
-    first run's worker (same process, no start-up), and a run with other code does not."""
-    def pids(name: str) -> set[int]:
-        trials = _by_status(_trials(tmp_path, name, f"{name}/{FAULTY}/N=256/fp32/H200"),
+    first run's worker (same process, no start-up), which builds the new run's first
+    problem and sends its known configs to compile before the lease returns, as a new
+    worker does at start; a run with other code does not lease it."""
+    def pids(name: str, n: int) -> set[int]:
+        trials = _by_status(_trials(tmp_path, name, f"{name}/{FAULTY}/N={n}/fp32/H200"),
                             "measured")
         assert trials
         return {t.user_attrs["result"]["extra"]["pid"] for t in trials}
 
     # keep_workers_s leaves room for the first run's end (its MLflow loggers catch up)
     # and the second run's start on a loaded 2-core machine.
-    fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2},
+    fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2,
+                                             "remeasure_top_k": 0},
                   search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10]}},
-                  fleet={"compile_workers": 0, "keep_workers_s": 45})
+                  fleet={"compile_workers": 1, "keep_workers_s": 45, "queue_depth": 2})
     assert _kept() == []
     try:
         first, _ = _run(_experiment(tmp_path, name="keep1", **fields))
-        assert first.reused == 0 and len(_kept()) == 1
+        assert first.reused == 0 and _kept()
         time.sleep(2)  # the kept worker idles between runs: not this run's GPU-held time
-        second, _ = _run(_experiment(tmp_path, name="keep2", **fields))
-        assert second.reused == 1 and len(_kept()) == 1
+        second, _ = _run(_experiment(tmp_path, name="keep2", shapes=[{"N": 512}], **fields))
+        assert second.reused == 1
         assert second.overhead["idle"] < 3.0, second.overhead
-        assert pids("keep1") == pids("keep2")
+        assert pids("keep1", 256) == pids("keep2", 512)
+        start = second.worker_startup["H200"]
+        # It describes this lease, not the worker's start-up in the first run.
+        assert "import_torch" not in start and "first_problem" in start, start
+        # The default (SLEEP_MS 0, one of the grid's two configs) and the grid's other one.
+        assert start["compiles_sent"] == 2
+        assert second.rows[0]["default_latency_ms"] > 0
         # Other code (here: another kernel file digest) must not run on the kept worker.
         import harness.run as hrun
 
         monkeypatch.setattr(hrun, "_code_version", lambda exp: "other-code")
         third, _ = _run(_experiment(tmp_path, name="keep3", **fields))
-        assert third.reused == 0 and pids("keep3").isdisjoint(pids("keep1"))
+        assert third.reused == 0 and pids("keep3", 256).isdisjoint(pids("keep1", 256))
     finally:
         _drop_kept()
 
@@ -569,32 +578,6 @@ def test_a_kept_worker_leaves_once_idle(cl, events, tmp_path: Path) -> None:
     while _kept() and time.monotonic() < deadline:
         time.sleep(0.3)
     assert _kept() == []  # idle for keep_workers_s: gone, its GPU free again
-
-
-def test_a_leased_worker_prepares_the_new_run_s_first_problem(cl, events, tmp_path: Path,
-                                                               monkeypatch) -> None:
-    """A kept worker leased by the next run builds that run's first problem and sends its
-    known configs to compile before the lease returns, as a new worker does at start."""
-    import harness.run as hrun
-
-    # Code of its own: an earlier test's kept worker is never leased here.
-    monkeypatch.setattr(hrun, "_code_version", lambda exp: "lease-test")
-    fields = dict(hardware=["H200"], search={"sampler": "grid", "trials": 2,
-                                             "remeasure_top_k": 0},
-                  search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10]}},
-                  fleet={"compile_workers": 1, "keep_workers_s": 40, "queue_depth": 2})
-    try:
-        first, _ = _run(_experiment(tmp_path, name="lease1", **fields))
-        second, _ = _run(_experiment(tmp_path, name="lease2", shapes=[{"N": 512}], **fields))
-    finally:
-        _drop_kept()
-    assert first.reused == 0 and second.reused == 1
-    start = second.worker_startup["H200"]
-    # It describes this lease, not the worker's start-up in the first run.
-    assert "import_torch" not in start and "first_problem" in start, start
-    # The default (SLEEP_MS 0, one of the grid's two configs) and the grid's other one.
-    assert start["compiles_sent"] == 2
-    assert second.rows[0]["default_latency_ms"] > 0
 
 
 def test_a_study_remeasures_while_another_still_searches(cl, events, tmp_path: Path) -> None:
