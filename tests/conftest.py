@@ -7,7 +7,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,3 +71,33 @@ def empty_mlflow_db(tmp_path_factory) -> Callable[[Path], Path]:
 def mlflow_db(empty_mlflow_db, tmp_path) -> Path:
     """An empty MLflow store of this test's own: ``tmp_path / "mlflow.db"``."""
     return empty_mlflow_db(tmp_path / "mlflow.db")
+
+
+@pytest.fixture(scope="module")
+def faulty_ray(tmp_path_factory) -> Iterator[Path]:
+    """A local Ray of the module's own that its runs join (as runs join a `ray start`
+    cluster: no Ray started or stopped per run), its workers seeing the tests package
+    and the module's Faulty-kernel events directory, which is returned (emptied by
+    ``faulty_events`` for each test)."""
+    import logging
+
+    import ray
+
+    from harness.fleet.cluster import start_local_ray
+
+    events = tmp_path_factory.mktemp("events")
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    assert not ray.is_initialized()
+    start_local_ray(logging_level=logging.WARNING, log_to_driver=False,
+                    runtime_env={"env_vars": {"PYTHONPATH": path, "FAULT_DIR": str(events)}})
+    try:
+        yield events
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def faulty_events(faulty_ray: Path) -> Path:
+    (faulty_ray / "events.jsonl").unlink(missing_ok=True)
+    return faulty_ray

@@ -3,19 +3,19 @@ median, ties within noise broken by robustness across neighbouring shapes."""
 
 from __future__ import annotations
 
-import json
+import io
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from harness import packs, remeasure
 from harness.remeasure import Candidate
+from harness.run import run
 from harness.search import config_key
-from tests.fault_kernels import cli_env, read_events
+from tests.fault_kernels import read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,9 +92,15 @@ def test_ties_without_neighbours_go_to_the_smallest_footprint_whatever_the_noise
 
 
 @pytest.mark.slow
-def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path) -> None:
-    events = tmp_path / "events"
-    events.mkdir()
+def _rows(path: Path) -> list[dict]:
+    """The summary rows of a run of the experiment at ``path`` (joining the module's
+    Ray, as a run joins a `ray start` cluster)."""
+    return run(path, console=Console(file=io.StringIO(), width=200), progress=False).rows
+
+
+def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path,
+                                                      faulty_events: Path) -> None:
+    events = faulty_events
     sleeps = [0, 40, 80, 120]  # ms: a clear order, so the winner is known
     exp = {
         "name": "remeasure", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
@@ -106,11 +112,7 @@ def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path) -> None:
         "fleet": {"compile_workers": 0, "queue_depth": 1},
     }
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
-                          cwd=tmp_path, env=cli_env(events), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (row,) = json.loads(proc.stdout)["rows"]
+    (row,) = _rows(tmp_path / "exp.yaml")
     assert row["params"]["SLEEP_MS"] == 0 and "median" in row["winner_reason"]
     assert row["remeasure_rounds"] == 2 and row["remeasure_candidates"] == 2
     assert [len(c["samples_ms"]) for c in row["remeasured"]] == [2, 2]
@@ -152,10 +154,8 @@ def test_ties_keep_the_packs_current_winner() -> None:
 
 
 def _run_faulty(tmp_path: Path, name: str, params: dict, packs_dir: Path, rounds: int) -> dict:
-    """``kharness run --json`` of a Faulty-kernel grid over ``params`` whose two best
-    configs are re-measured in ``rounds`` rounds: the study's summary row."""
-    events = tmp_path / "events"
-    events.mkdir(exist_ok=True)
+    """A run of a Faulty-kernel grid over ``params`` whose two best configs are
+    re-measured in ``rounds`` rounds: the study's summary row."""
     exp = {
         "name": name, "kernel": "tests.fault_kernels:WrongDefault", "shapes": [{"N": 256}],
         "dtypes": ["fp32"],
@@ -167,18 +167,15 @@ def _run_faulty(tmp_path: Path, name: str, params: dict, packs_dir: Path, rounds
         "fleet": {"compile_workers": 0, "queue_depth": 1},
     }
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(exp))
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", f"{name}.yaml", "--json"],
-                          cwd=tmp_path, env=cli_env(events), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = json.loads(proc.stdout)["rows"]
+    rows = _rows(tmp_path / f"{name}.yaml")
     assert len(rows) == 1, [(r["hardware"], r["shape"]) for r in rows]
     row = rows[0]
     return row
 
 
 @pytest.mark.slow
-def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> None:
+def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path,
+                                                          faulty_events: Path) -> None:
     """Two configs that take the same time (COMPILE_MS only slows the Faulty kernel's
     compile children, and there are none here): a first run that measured only
     COMPILE_MS=1 froze it; a re-run over both keeps it (re-measured beside the top
@@ -212,7 +209,8 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_a_narrower_search_does_not_replace_the_packs_winner_unseen(tmp_path: Path) -> None:
+def test_a_narrower_search_does_not_replace_the_packs_winner_unseen(tmp_path: Path,
+                                                                   faulty_events: Path) -> None:
     """Seen on an H200: a grid over one engine's configs only froze its own
     winner over the pack's entry, a config of another engine it never measured. The
     pack's entry is now re-measured beside the top configs even where the search's space

@@ -4,21 +4,21 @@ cheap-then-full measurement."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import io
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+from rich.console import Console
 
 from harness.experiment import SearchSettings, StudySpec
 from harness.hardware import spec_for_key
 from harness.measure import TrialResult
+from harness.run import run
 from harness.search import ATTR_STATUS, Search, ThresholdPruner
-from tests.fault_kernels import cli_env, read_events
+from tests.fault_kernels import read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,11 +132,10 @@ def test_threshold_pruner_waits_for_startup_trials() -> None:
 
 
 @pytest.mark.slow
-def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path) -> None:
+def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path, faulty_events: Path) -> None:
     """Live multi-fidelity: the default config (no sleep) is measured in full first;
     every config that sleeps 40 ms or more is then stopped after its cheap pass."""
-    events = tmp_path / "events"
-    events.mkdir()
+    events = faulty_events
     exp = {
         "name": "fidelity", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
         "dtypes": ["fp32"],
@@ -149,11 +148,8 @@ def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path) -> None:
         "fleet": {"compile_workers": 0, "queue_depth": 1},
     }
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
-                          cwd=tmp_path, env=cli_env(events), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = json.loads(proc.stdout)["rows"]
+    rows = run(tmp_path / "exp.yaml", console=Console(file=io.StringIO(), width=200),
+               progress=False).rows
     assert len(rows) == 1, [(r["hardware"], r["shape"]) for r in rows]
     row = rows[0]
     assert row["params"]["SLEEP_MS"] == 0
