@@ -88,7 +88,8 @@ def faulty_ray(tmp_path_factory) -> Iterator[Path]:
     events = tmp_path_factory.mktemp("events")
     root = str(Path(__file__).resolve().parent.parent)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    assert not ray.is_initialized()
+    if ray.is_initialized():  # an earlier module's, which this process no longer uses
+        ray.shutdown()
     start_local_ray(logging_level=logging.WARNING, log_to_driver=False,
                     runtime_env={"env_vars": {"PYTHONPATH": path, "FAULT_DIR": str(events)}})
     try:

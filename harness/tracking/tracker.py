@@ -81,6 +81,8 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri(uri)
+        if self.uri.startswith("sqlite:"):
+            _sqlite_fast_commits()  # before MLflow's engine opens its first connection
         # MLflow prints "View run ... at: <url>" to stdout as a run ends on a tracking
         # server: it would break `--json` and show the server's address; never wanted.
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
@@ -223,8 +225,6 @@ class TrialLogger:
     HISTORY_BATCH = 32
 
     def __init__(self, uri: str, experiment: str, warm_plots: bool = False):
-        if uri.startswith("sqlite:"):
-            _sqlite_fast_commits()
         self.tracker = Tracker(uri, experiment)
         self._init()
         if warm_plots:
