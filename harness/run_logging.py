@@ -94,21 +94,22 @@ class Logs:
         self._bg: _Background | None = None
         self.stats: dict[str, float] = {}  # TrialLogger.stats, as of the last flush
         self._held: dict[tuple[str, int], tuple[Path, dict[str, Any]]] = {}  # see ``hold``
-        try:
-            if not processes:
-                raise RuntimeError("a run without GPUs")
-            # Where the driver's machine has few cores, a second process importing the
-            # plotting code competes with the workers' start-up: one draws the plots too.
-            one = _cores() < SEPARATE_PLOTTER_CORES
-            self._actor = start_trial_logger(tracker.uri, experiment_name, plots=one)
-            self._plotter = (self._actor if one else
-                             start_trial_logger(tracker.uri, experiment_name, plots=True))
-        except Exception as exc:
-            if processes:
-                log.warning("MLflow logger process unavailable (%s): logging on a thread", exc)
-            self._local = TrialLogger.sharing(tracker)
-            self._bg = _Background()
-            self._bg.call(self._local.warm_plots)
+        if processes:
+            try:
+                # Where the driver's machine has few cores, a second process importing
+                # the plotting code competes with the workers' start-up: one draws the
+                # plots too.
+                one = _cores() < SEPARATE_PLOTTER_CORES
+                self._actor = start_trial_logger(tracker.uri, experiment_name, plots=one)
+                self._plotter = (self._actor if one else
+                                 start_trial_logger(tracker.uri, experiment_name, plots=True))
+                return
+            except Exception as exc:
+                log.warning("MLflow logger process unavailable (%s): logging on a thread",
+                            exc)
+        self._local = TrialLogger.sharing(tracker)
+        self._bg = _Background()
+        self._bg.call(self._local.warm_plots)
 
     def hold(self, key: tuple[str, int], trial_log: Path, rec: dict[str, Any]) -> None:
         """Log a trial's record once its trial is in the persistent storage (``release``

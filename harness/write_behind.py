@@ -111,7 +111,7 @@ class WriteBehindStorage(optuna.storages.InMemoryStorage):
             self._thread = futures.ThreadPoolExecutor(1, thread_name_prefix="harness-optuna")
             self._local = self._thread.submit(_Writer, url)
         self._batch: list[tuple] = []
-        self._acks: list[Any] = []  # each batch's answer, not collected yet
+        self._acks: list[futures.Future] = []  # each batch's answer, not collected yet
         self._lock = threading.RLock()
         self._names: dict[int, str] = {}  # study id -> name
         self._next: dict[int, int] = {}  # study id -> the first number not sent yet
@@ -219,7 +219,7 @@ class WriteBehindStorage(optuna.storages.InMemoryStorage):
                 self._acks.append(self._thread.submit(
                     lambda b=batch: self._local.result().apply(b)))
             else:
-                self._acks.append(self._writer.apply.remote(batch))
+                self._acks.append(self._writer.apply.remote(batch).future())
 
     def poll_stored(self, timeout_s: float = 0.0) -> set[tuple[str, int]]:
         """Send what is gathered; the trials written since the last call, (study name,
@@ -227,9 +227,13 @@ class WriteBehindStorage(optuna.storages.InMemoryStorage):
         self.flush()
         new: set[tuple[str, int]] = set()
         if self._acks:
-            for written in self._ready(timeout_s):
+            # The writer answers its batches in order: the answered ones are a prefix.
+            futures.wait(self._acks, timeout=timeout_s)
+            n = next((i for i, f in enumerate(self._acks) if not f.done()), len(self._acks))
+            ready, self._acks = self._acks[:n], self._acks[n:]
+            for ack in ready:
                 try:
-                    new.update(tuple(x) for x in written())  # type: ignore[misc]
+                    new.update(tuple(x) for x in ack.result())  # type: ignore[misc]
                 except Exception as exc:  # the writer is gone: nothing more is stored
                     log.warning("the study writer failed: %s", exc)
         self.stored |= new
@@ -250,15 +254,3 @@ class WriteBehindStorage(optuna.storages.InMemoryStorage):
             self._thread.shutdown(wait=False)
         else:
             ray.kill(self._writer)
-
-    def _ready(self, timeout_s: float) -> list[Any]:
-        """The batches the writer has answered, in order, as callables giving each
-        batch's trials written (or raising the writer's error); the rest stay pending."""
-        if self._thread is not None:
-            futures.wait(self._acks, timeout=timeout_s)
-            n = next((i for i, f in enumerate(self._acks) if not f.done()), len(self._acks))
-            ready, self._acks = self._acks[:n], self._acks[n:]
-            return [f.result for f in ready]
-        ready, self._acks = ray.wait(self._acks, num_returns=len(self._acks),
-                                     timeout=timeout_s)
-        return [lambda r=ref: ray.get(r) for ref in ready]

@@ -219,3 +219,15 @@ class WrongDefault(Faulty):
     pack's entry decide alone."""
 
     default_config: ClassVar[dict[str, Any]] = {**Faulty.default_config, "FAULT": "wrong"}
+
+
+def run_quietly(path: str | os.PathLike) -> Any:
+    """``harness.run.run`` of the experiment at ``path``, its console output discarded:
+    the run's Summary."""
+    import io
+
+    from rich.console import Console
+
+    from harness.run import run
+
+    return run(path, console=Console(file=io.StringIO(), width=200), progress=False)

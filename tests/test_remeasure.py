@@ -3,19 +3,16 @@ median, ties within noise broken by robustness across neighbouring shapes."""
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
 import pytest
 import yaml
-from rich.console import Console
 
 from harness import packs, remeasure
 from harness.remeasure import Candidate
-from harness.run import run
 from harness.search import config_key
-from tests.fault_kernels import read_events
+from tests.fault_kernels import read_events, run_quietly
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,12 +89,6 @@ def test_ties_without_neighbours_go_to_the_smallest_footprint_whatever_the_noise
 
 
 @pytest.mark.slow
-def _rows(path: Path) -> list[dict]:
-    """The summary rows of a run of the experiment at ``path`` (joining the module's
-    Ray, as a run joins a `ray start` cluster)."""
-    return run(path, console=Console(file=io.StringIO(), width=200), progress=False).rows
-
-
 def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path,
                                                       faulty_events: Path) -> None:
     events = faulty_events
@@ -113,7 +104,7 @@ def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path,
         "fleet": {"compile_workers": 0, "queue_depth": 1},
     }
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
-    (row,) = _rows(tmp_path / "exp.yaml")
+    (row,) = run_quietly(tmp_path / "exp.yaml").rows
     assert row["params"]["SLEEP_MS"] == 0 and "median" in row["winner_reason"]
     assert row["remeasure_rounds"] == 2 and row["remeasure_candidates"] == 2
     assert [len(c["samples_ms"]) for c in row["remeasured"]] == [2, 2]
@@ -169,7 +160,7 @@ def _run_faulty(tmp_path: Path, name: str, params: dict, packs_dir: Path, rounds
         "fleet": {"compile_workers": 0, "queue_depth": 1},
     }
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(exp))
-    rows = _rows(tmp_path / f"{name}.yaml")
+    rows = run_quietly(tmp_path / f"{name}.yaml").rows
     assert len(rows) == 1, [(r["hardware"], r["shape"]) for r in rows]
     row = rows[0]
     return row

@@ -4,21 +4,18 @@ cheap-then-full measurement."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
-from rich.console import Console
 
 from harness.experiment import SearchSettings, StudySpec
 from harness.hardware import spec_for_key
 from harness.measure import TrialResult
-from harness.run import run
 from harness.search import ATTR_STATUS, Search, ThresholdPruner
-from tests.fault_kernels import read_events
+from tests.fault_kernels import read_events, run_quietly
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,8 +146,7 @@ def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path, faulty_event
         "fleet": {"compile_workers": 0, "queue_depth": 1},
     }
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
-    rows = run(tmp_path / "exp.yaml", console=Console(file=io.StringIO(), width=200),
-               progress=False).rows
+    rows = run_quietly(tmp_path / "exp.yaml").rows
     assert len(rows) == 1, [(r["hardware"], r["shape"]) for r in rows]
     row = rows[0]
     assert row["params"]["SLEEP_MS"] == 0
