@@ -53,6 +53,7 @@ class Summary:
     timeline: dict[str, float] = field(default_factory=dict)  # wall seconds at each step
     #: hardware key -> its first worker's start-up by step, seconds (Worker.startup_s)
     worker_startup: dict[str, dict[str, float]] = field(default_factory=dict)
+    worker_nice: dict[str, int] = field(default_factory=dict)  # CPU priority, by hardware
     #: The search's MLflow logger: when it was ready and last caught up (wall seconds),
     #: trials logged, seconds spent on them and on the plots
     mlflow_logger: dict[str, float] = field(default_factory=dict)
@@ -255,6 +256,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     targets, infos = _started(targets, fleet, console, summary)
     summary.mark("workers_ready")
     summary.worker_startup = {k: dict(v[0].get("startup_s", {})) for k, v in infos.items()}
+    summary.worker_nice = {k: max(i.get("nice", 0) for i in v) for k, v in infos.items()}
     # Each GPU's first study's eager baseline goes out now: the GPU works on it while the
     # studies are set up below (MLflow runs, Optuna studies: about half a second).
     specs = experiment.plan(exp, targets)  # the studies, on the hardware that started

@@ -231,3 +231,13 @@ def run_quietly(path: str | os.PathLike) -> Any:
     from harness.run import run
 
     return run(path, console=Console(file=io.StringIO(), width=200), progress=False)
+
+
+def may_renice() -> bool:
+    """Whether a process of this user may lower its niceness (root, or CAP_SYS_NICE):
+    then a worker started at Ray's nice 15 takes nice 0 back."""
+    import subprocess
+    import sys
+
+    code = "import os; os.nice(15); os.setpriority(os.PRIO_PROCESS, 0, 0)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

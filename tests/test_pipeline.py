@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from harness import kernel_api, packs
 from harness.hardware import spec_for_key
+from tests.fault_kernels import may_renice
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +69,8 @@ def test_run_end_to_end(tmp_path):
     start = out["worker_startup_s"]["cpu"]
     assert {"import_torch", "device", "total_in_init", "launch_to_ready"} <= set(start)
     assert start["launch_to_ready"] >= start["total_in_init"] > 0
+    # Ray starts its workers at nice 15; a worker takes nice 0 back where the OS lets it.
+    assert out["worker_nice"]["cpu"] == (0 if may_renice() else 15)
 
     # The pack: valid, checksummed, a config the kernel accepts, provenance filled in.
     pack_file = tmp_path / "packs" / "cpu" / "grouped_gemm.json"

@@ -4,6 +4,9 @@ machine, so ``ray.init`` raises it here as Ray does (a bare Exception)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import yaml
 
 from harness.cli import main
 from harness.fleet import RayStartError, cluster
+from tests.fault_kernels import may_renice
 
 TIMEOUT = Exception("The current node timed out during startup. This could happen because "
                     "some of the raylet failed to startup or the GCS has become overloaded.")
@@ -70,3 +74,25 @@ def test_the_cli_says_so_and_exits_1(monkeypatch, tmp_path: Path, capsys) -> Non
     err = capsys.readouterr().err
     assert "Ray did not start on this machine, twice" in err and "Traceback" not in err
     assert not (tmp_path / "packs").exists()
+
+
+def test_a_worker_takes_back_the_default_cpu_priority() -> None:
+    """Ray starts workers at nice 15, where a timing waits behind every other process on
+    the node. ``normal_priority`` sets every thread of the process, those started before
+    it too, to nice 0 where the OS allows it, and says what it got."""
+    code = (
+        "import os, threading\n"
+        "from harness.fleet.cluster import normal_priority\n"
+        "os.nice(15)\n"
+        "stop = threading.Event()\n"
+        "for _ in range(3):\n"
+        "    threading.Thread(target=stop.wait, daemon=True).start()\n"
+        "got = normal_priority()\n"
+        "def nice(t):\n"
+        "    return int(open(f'/proc/self/task/{t}/stat').read().rsplit(')', 1)[1].split()[16])\n"
+        "print(got, sorted({nice(t) for t in os.listdir('/proc/self/task')}))\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=root, env={**os.environ, "PYTHONPATH": root}, check=True)
+    want = 0 if may_renice() else 15
+    assert out.stdout.split(None, 1) == [str(want), f"[{want}]\n"], out

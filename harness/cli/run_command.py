@@ -96,6 +96,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
             "timing_fraction": summary.timing_fraction, "overhead_s": summary.overhead,
             "timeline_s": summary.timeline, "worker_startup_s": summary.worker_startup,
+            "worker_nice": summary.worker_nice,
             "mlflow_logger": summary.mlflow_logger,
             "first_calls": summary.first_calls,
             "workers_replaced": summary.replaced, "workers_reused": summary.reused,

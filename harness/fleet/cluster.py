@@ -47,6 +47,28 @@ def check_placement(expected: str, ray_name: str | None, info: Mapping[str, Any]
 
 
 
+def normal_priority() -> int:
+    """Give every thread of this process the default CPU priority (nice 0) where the OS
+    allows it; the niceness it runs at. Ray starts its workers at nice 15
+    (``worker_niceness``), and a timing thread at nice 15 waits behind every other
+    process on the node: measured on a 2-core machine, a 100 ms sleep timed at 160 to
+    550 ms beside two busy processes, 115 ms at nice 0. Compile children keep Ray's
+    nice 15: they are what should yield."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no procfs: the calling thread only
+        tids = [0]
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
+        except OSError:  # not permitted (no CAP_SYS_NICE), or the thread has ended
+            continue
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except OSError:
+        return 0
+
+
 def _answers(address: str, timeout_s: float = 2.0) -> bool:
     """Whether a server accepts connections at ``address`` ("host:port")."""
     host, _, port = address.rpartition(":")

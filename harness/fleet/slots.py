@@ -117,6 +117,7 @@ class Workers(Cluster):
         self.services: dict[str, Any] = {}  # node id -> its compile service
         self._shares: dict[str, int] = {}  # node id -> compile processes per GPU worker
         self.last_compile_stats: dict[str, dict[str, Any]] = {}  # as the services closed
+        self._warned_nice = False
         self._gone: list[_Slot] = []  # slots closed (their books kept for the report)
 
     # -- workers --------------------------------------------------------------------
@@ -222,6 +223,7 @@ class Workers(Cluster):
                 slot = _Slot(key, None, actor, time.monotonic(), kept=True)
                 check_placement(key, None, info)
                 slot.info, slot.ready_at = info, time.monotonic()
+                self._check_priority(slot)
                 out.append(slot)
         return out
 
@@ -295,6 +297,7 @@ class Workers(Cluster):
             self._drop(slot, str(exc))
             return
         slot.info, slot.ready_at = info, time.monotonic()
+        self._check_priority(slot)
         # The driver's view: from creating the actor (or asking a kept one) to its info;
         # what __init__ does not account for is Ray starting the process and loading it.
         steps = dict(info.get("startup_s", {}))
@@ -302,6 +305,18 @@ class Workers(Cluster):
         if "total_in_init" in steps and not slot.kept:
             steps["before_init"] = round(steps["launch_to_ready"] - steps["total_in_init"], 2)
         slot.info["startup_s"] = steps
+
+    def _check_priority(self, slot: _Slot) -> None:
+        """Say once where a worker runs below the default CPU priority."""
+        nice = slot.info.get("nice", 0)
+        if nice > 0 and not self._warned_nice:
+            self._warned_nice = True
+            self.events.append(
+                f"{slot.hardware}: workers run at nice {nice} (Ray's worker_niceness) and "
+                "could not lower it: other processes on the node can delay timings. Start "
+                "Ray with RAY_worker_niceness=0 in its environment, or run as a user allowed "
+                "to (CAP_SYS_NICE).")
+            log.warning("%s", self.events[-1])
 
     def _drop(self, slot: _Slot, why: str) -> None:
         self._close(slot)

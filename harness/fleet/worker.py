@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from harness import hardware
+from harness.fleet.cluster import normal_priority
 from harness.fleet.compile import (
     PRECOMPILE_WAIT_S,
     gpu_device_nodes,
@@ -69,6 +70,7 @@ class Worker:
         """``compilers``: node id -> that node's compile service and each worker's share
         of its processes (none for this node: configs compile on their first launch)."""
         t0 = time.monotonic()
+        self.nice = normal_priority()  # first: the threads started below inherit it
         # Where a worker's start-up goes, in seconds, by step (reported by ``info``).
         self.startup_s: dict[str, float] = {}
         tick = [t0]
@@ -194,6 +196,7 @@ class Worker:
             "triton": triton.__version__,
             "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
             "startup_s": dict(self.startup_s),
+            "nice": self.nice,
         }
 
     @ray.method(concurrency_group="control")
