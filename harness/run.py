@@ -116,6 +116,15 @@ def _missing_message(key: str, available: dict[str, int], unlabelled: int,
     return msg + "; its studies are skipped"
 
 
+def bookkeeping_processes(exp: experiment.Experiment, targets: list[str]) -> bool:
+    """Whether the Optuna writer and the MLflow logger run as processes of their own
+    (``fleet.bookkeeping``): beside a driver that feeds GPUs, so that it never waits on
+    SQLite; threads of the driver where no GPU runs (the interpreter sets the pace, and
+    each process would take seconds of the same CPUs to start)."""
+    mode = exp.fleet.bookkeeping
+    return mode == "processes" or (mode == "auto" and any(k != "cpu" for k in targets))
+
+
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
         progress: bool = True, overrides: Sequence[str] = (),
         started_at: float | None = None, stop_own_ray: bool = False) -> Summary:
@@ -243,15 +252,12 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     if not resume:  # an earlier run's studies of this name: seconds to delete from sqlite
         for spec in planned:
             _drop_study(url, spec.name)
-    # The Optuna writer and the MLflow logger: processes of their own beside a driver
-    # that feeds GPUs; threads of it where no GPU runs (the interpreter sets the pace,
-    # and each process would take seconds of the same CPUs to start).
-    gpus = any(k != "cpu" for k in targets)
-    storage = WriteBehindStorage(url, process=gpus)
+    procs = bookkeeping_processes(exp, targets)
+    storage = WriteBehindStorage(url, process=procs)
     tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
     # The search's MLflow logger starts (its own process: seconds) while the workers do.
-    logs = Logs(tracker, exp.tracking.experiment or exp.name, processes=gpus)
+    logs = Logs(tracker, exp.tracking.experiment or exp.name, processes=procs)
     summary.mark("tracking_ready")
     targets, infos = _started(targets, fleet, console, summary)
     summary.mark("workers_ready")

@@ -27,6 +27,7 @@ from ray.cluster_utils import Cluster
 from rich.console import Console
 
 from harness.fleet import Fleet, NoHardwareError, Task
+from harness.fleet.cluster import NO_PRESTART
 from harness.measure import Timing
 from harness.run import run
 from kernels.grouped_gemm import GroupedGemm
@@ -43,7 +44,8 @@ SIMULATED = ["H100", "H100", "H200", "A100-80G", "V710"]
 def cl(tmp_path_factory) -> Any:
     events = tmp_path_factory.mktemp("events")
     cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+                      head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                      "_system_config": NO_PRESTART})
     for name in SIMULATED:
         cluster.add_node(num_cpus=1, num_gpus=1, resources={f"accelerator_type:{name}": 1})
     cluster.wait_for_nodes()
@@ -88,7 +90,9 @@ def _experiment(tmp_path: Path, **fields: Any) -> Path:
         "search": {"sampler": "grid", "trials": 20},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-        "fleet": {"compile_workers": 0},
+        # Threads: the simulated GPUs run the interpreter; the placement test and the
+        # multi-node one (test_fleet_nodes.py) run the processes a GPU run starts.
+        "fleet": {"compile_workers": 0, "bookkeeping": "threads"},
     }
     for key, value in fields.items():
         if isinstance(value, dict) and isinstance(exp.get(key), dict):
@@ -133,7 +137,7 @@ def test_placement_vendor_spaces_and_packs(cl, tmp_path: Path) -> None:
     path = _experiment(
         tmp_path, name="place", kernel="grouped_gemm", shapes=[shape], dtypes=["fp16"],
         hardware=["H100", "H200", "A100", "V710", "MI300X"],
-        search={"sampler": "random", "trials": 3},
+        search={"sampler": "random", "trials": 3}, fleet={"bookkeeping": "auto"},
         # Small tiles for the interpreter; the V710 keeps the shipped AMD-only knobs.
         search_space={"vendors": {"nvidia": {"params": SMALL},
                                   "amd": {"params": {**SMALL, "num_stages": [1, 2]}}}})

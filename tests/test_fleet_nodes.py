@@ -22,6 +22,7 @@ import yaml
 from ray.cluster_utils import Cluster
 from rich.console import Console
 
+from harness.fleet.cluster import NO_PRESTART
 from harness.run import run
 from tests.fault_kernels import Faulty, read_events
 
@@ -38,7 +39,7 @@ def eight(tmp_path_factory) -> Any:
     # The head is one of the eight nodes.
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "num_gpus": 2, "resources": {"accelerator_type:H100": 2},
-        "include_dashboard": False})
+        "include_dashboard": False, "_system_config": NO_PRESTART})
     for i in range(7):
         h100 = i < 3
         cluster.add_node(num_cpus=2 if h100 else 1, num_gpus=2 if h100 else 1,

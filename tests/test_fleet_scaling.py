@@ -20,6 +20,7 @@ def test_the_scaling_benchmark_writes_its_table_on_simulated_gpus(tmp_path: Path
     exp = yaml.safe_load((ROOT / "configs" / "scaling" / "tiny_cpu.yaml").read_text())
     exp["shapes"] = exp["shapes"][:2]
     exp["search_space"]["params"]["SLEEP_MS"] = [20, 40]
+    exp.setdefault("fleet", {})["bookkeeping"] = "threads"  # interpreted: no helper processes
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(exp))
     out = tmp_path / "out"

@@ -16,6 +16,7 @@ import ray
 from mlflow.tracking import MlflowClient
 
 from harness import run_logging as run_mod
+from harness.fleet.cluster import NO_PRESTART
 from harness.sqlite_commits import fast_commits
 from harness.tracking import tracker as track
 
@@ -26,7 +27,8 @@ def local_ray():
     if started:
         # "local": a Ray of its own, never one another process left an address file for.
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
-                 runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+                 runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}},
+                 _system_config=NO_PRESTART)
     yield
     if started:
         ray.shutdown()
@@ -183,3 +185,20 @@ def test_git_sha_is_the_checkouts_unless_overridden(monkeypatch: pytest.MonkeyPa
         assert track.git_sha() == "0123abc"
     finally:
         track.git_sha.cache_clear()
+
+
+def test_bookkeeping_runs_in_processes_beside_gpus_and_as_told() -> None:
+    """fleet.bookkeeping: auto starts the writer and logger processes only for a run
+    with GPU targets; processes or threads are taken as given."""
+    from harness.experiment import Experiment
+    from harness.run import bookkeeping_processes
+
+    def exp(mode: str) -> Experiment:
+        return Experiment.model_validate({"name": "b", "kernel": "tests.fault_kernels:Faulty",
+                                          "shapes": [{"N": 256}],
+                                          "fleet": {"bookkeeping": mode}})
+
+    assert bookkeeping_processes(exp("auto"), ["H100", "cpu"])
+    assert not bookkeeping_processes(exp("auto"), ["cpu"])
+    assert bookkeeping_processes(exp("processes"), ["cpu"])
+    assert not bookkeeping_processes(exp("threads"), ["H200"])

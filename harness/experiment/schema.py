@@ -133,6 +133,12 @@ class FleetSettings(_Strict):
         "idle seconds after the run, on a cluster that outlives it (`ray start --head`, `ray "
         "job submit`), so that the next run with the same code starts on them at once "
         "(0: they end with the run; they hold their GPUs while kept)")
+    bookkeeping: Literal["auto", "processes", "threads"] = Field(
+        "auto", description="where the run writes its Optuna trials and MLflow logs: "
+        "processes of their own, so that a driver feeding GPUs never waits on SQLite, or "
+        "threads of the driver, which start at once and cost no CPU beside it (a driver "
+        "of few cores, a run on simulated GPUs); auto: processes where the run has GPU "
+        "targets")
 
 
 class BaselineSettings(_Strict):

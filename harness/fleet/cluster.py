@@ -79,6 +79,12 @@ def _answers(address: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+#: Ray starts a pool of idle task workers with its first driver, one per CPU (1.5 CPU-s
+#: each). A run's work is actors, which start processes of their own with the run's
+#: environment: on a 2-core machine the pool was 3 of a local Ray's 13.6 CPU-s to start.
+NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+
+
 def start_local_ray(**kw: Any) -> None:
     """Start a Ray for this process only, every server of it (GCS, raylet, workers,
     object manager, dashboard agent) bound to 127.0.0.1. Ray binds its servers to all
@@ -88,6 +94,7 @@ def start_local_ray(**kw: Any) -> None:
     imported, is applied for the start and passed to the processes Ray starts."""
     from ray._private import ray_constants
 
+    system = {**NO_PRESTART, **kw.pop("_system_config", {})}
     env = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
     before_env, before = os.environ.get(env), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[env] = "0"
@@ -95,7 +102,8 @@ def start_local_ray(**kw: Any) -> None:
     try:
         for attempt in (1, 2):
             try:
-                ray.init(address="local", include_dashboard=False, **kw)
+                ray.init(address="local", include_dashboard=False, _system_config=system,
+                         **kw)
                 return
             except Exception as exc:  # Ray raises a bare Exception on its start timeout
                 # Ray waits a fixed 30 s for its raylet to register. On a loaded machine
