@@ -142,5 +142,8 @@ def test_a_file_that_fails_its_kernel_checks_while_ray_starts_writes_nothing(tmp
 
 
 def _gcs_pids() -> set[str]:
-    ps = subprocess.run(["pgrep", "-f", "gcs_server"], capture_output=True, text=True)
-    return set(ps.stdout.split())
+    """Ray GCS servers under this test process's Ray temp dir (which the CLI inherits):
+    not those another test process starts meanwhile."""
+    ps = subprocess.run(["pgrep", "-af", "gcs_server"], capture_output=True, text=True)
+    mine = os.environ["RAY_TMPDIR"]
+    return {line.split()[0] for line in ps.stdout.splitlines() if mine in line}
