@@ -51,9 +51,10 @@ def normal_priority() -> int:
     """Give every thread of this process the default CPU priority (nice 0) where the OS
     allows it; the niceness it runs at. Ray starts its workers at nice 15
     (``worker_niceness``), and a timing thread at nice 15 waits behind every other
-    process on the node: measured on a 2-core machine, a 100 ms sleep timed at 160 to
-    550 ms beside two busy processes, 115 ms at nice 0. Compile children keep Ray's
-    nice 15: they are what should yield."""
+    process on the node: measured on a 2-core machine beside two busy processes, a
+    100 ms sleep timed at 121 to 350 ms in a worker at nice 15, 107 to 110 ms at nice 0.
+    Compile children stay below it (their services add 10 to Ray's 15): they are what
+    should yield."""
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:  # no procfs: the calling thread only
