@@ -129,7 +129,7 @@ def study_task(st: StudyState, hw: str, searching: bool = True) -> Task | None:
                     ("trial", st, trial, config))
     if not searching:
         return None
-    asked = st.search.ask(st.in_flight)
+    asked = st.search.ask()
     if asked is None:
         return None
     trial, config = asked
@@ -303,7 +303,7 @@ class Scheduler:
     def _advance(self, st: StudyState) -> None:
         """A study whose search has nothing left and nothing in flight re-measures."""
         if (st.phase == "search" and st.in_flight == 0 and not st.pending and not st.full
-                and (not self._searching() or st.search.done(0))):
+                and (not self._searching() or st.search.done())):
             start_remeasure(self.exp, st)
             self.on_search_done(st)
 

@@ -174,7 +174,7 @@ def test_compile_baseline_task_and_speedup(tmp_path):
     off = exp.model_copy(update={"baselines": experiment.BaselineSettings(compile=False)})
     assert run._want_compile(off, gpu) is False
     spec = experiment.plan(exp, ["H100"])[0]
-    search = SimpleNamespace(ask=lambda in_flight: None, best=lambda: (
+    search = SimpleNamespace(ask=lambda: None, best=lambda: (
         {"BLOCK_M": 64}, {"latency_ms": 1.0}))
     st = schedule.StudyState(spec, search, "r", gpu, {}, want_compile=True)
     tasks = [schedule.study_task(st, "H100") for _ in range(3)]

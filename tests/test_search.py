@@ -48,6 +48,28 @@ def test_static_pruning_never_hands_out_invalid_configs():
     assert s.pruned == 0 and s.asks == 3
 
 
+def test_the_whole_budget_is_handed_out_before_any_result_comes_back():
+    """A worker's queue holds several trials: the scheduler asks for the budget's last
+    configs while the first ones are still in flight, so the GPU never waits on the
+    driver at the end of a study (in-flight configs count once against the budget)."""
+    from harness import schedule
+    from harness.hardware import spec_for_key as hw
+
+    spec = StudySpec("t", "grouped_gemm", SHAPE, "bf16", "H100")
+    space = {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64], "num_stages": [3, 4]}
+    search = Search(spec, space, hw("H100"),
+                    SearchSettings(sampler="grid", trials=4, warm_start=False),
+                    optuna.storages.InMemoryStorage(), seed=0, n_parallel=4)
+    st = schedule.StudyState(spec, search, "r", hw("H100"), {}, eager={"latency_ms": 1.0},
+                             default={"latency_ms": 1.0})
+    tasks = [schedule.study_task(st, "H100") for _ in range(4)]
+    assert all(t is not None and t.tag[0] == "trial" for t in tasks), tasks
+    assert st.in_flight == 4 and search.measured == 4
+    assert sorted((t.tag[3]["BLOCK_M"], t.tag[3]["num_stages"]) for t in tasks) == [
+        (64, 3), (64, 4), (128, 3), (128, 4)]
+    assert schedule.study_task(st, "H100") is None and search.done()
+
+
 _KILLED_DRIVER = """
 import json, os, signal, sys
 import optuna

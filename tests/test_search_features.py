@@ -93,7 +93,7 @@ def test_a_duplicate_of_a_config_in_flight_is_told_without_a_nan(recwarn) -> Non
     s.study.sampler = _Valid()
     first = s.ask()
     assert first is not None  # claimed, in flight
-    assert s.ask(in_flight=1) is None  # only duplicates of it, then a stall
+    assert s.ask() is None  # only duplicates of it, then a stall
     dups = [t for t in s.study.trials if t.user_attrs.get(ATTR_STATUS) == "duplicate"]
     assert dups and all(t.state == TrialState.FAIL for t in dups)
     assert not [w for w in recwarn if "nan is not acceptable" in str(w.message)]

@@ -154,20 +154,23 @@ class Search:
 
     @property
     def measured(self) -> int:
-        """Distinct configs measured (succeeded or failed): what the budget counts."""
+        """Distinct configs handed out (measured, failed, or still in flight): what the
+        budget counts."""
         return len(self._seen)
 
-    def done(self, in_flight: int = 0) -> bool:
+    def done(self) -> bool:
+        # ``measured`` already counts the configs in flight: adding the caller's in-flight
+        # count would end the search early and leave the GPU's queue empty at its end.
         left = self.grid if self.valid.exact else self.grid - self.pruned
-        return (self.measured + in_flight >= self.settings.trials
-                or self.measured + in_flight >= left
+        return (self.measured >= self.settings.trials
+                or self.measured >= left
                 or self._asks_left <= 0 or self.stalled or self.exhausted
                 or self.no_valid is not None)
 
     # -- ask / tell -----------------------------------------------------------------
-    def ask(self, in_flight: int = 0) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
+    def ask(self) -> tuple[optuna.trial.Trial, dict[str, Any]] | None:
         """The next config worth measuring, or None when the study has nothing left."""
-        while not self.done(in_flight):
+        while not self.done():
             self._asks_left -= 1
             self._stall += 1
             if self._stall > self.settings.max_stalled_asks:
