@@ -130,33 +130,14 @@ def test_ray_job_submit_runs_an_experiment(head, tmp_path: Path) -> None:
     assert entry["provenance"]["interpreted"] is True
 
 
-def test_run_joins_the_head_through_ray_address_without_auth_mode(head, tmp_path: Path) -> None:
-    """A user's `ray start --head` has token authentication on by default; `kharness run`
-    with only RAY_ADDRESS set must still join it (it sends the token itself)."""
-    exp = {
-        "name": "joined", "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}],
-        "dtypes": ["fp16"], "search": {"sampler": "grid", "trials": 1},
-        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
-        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-        "fleet": {"compile_workers": 0},
-    }
-    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
-    env = {k: v for k, v in head.env.items() if k != "RAY_AUTH_MODE"}
-    env["RAY_ADDRESS"] = head.gcs
-    proc = subprocess.run([str(BIN / "kharness"), "run", "exp.yaml", "--json"], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert "InvalidAuthToken" not in proc.stderr
-    summary = json.loads(proc.stdout)
-    assert summary["rows"][0]["counts"]["measured"] == 1
-
-
-def test_run_without_ray_address_joins_this_machines_ray_and_keeps_workers(
+def test_runs_join_the_head_with_or_without_ray_address_and_keep_workers(
         head, tmp_path: Path) -> None:
-    """With no RAY_ADDRESS, `kharness run` joins the Ray a user started on this machine
-    with `ray start` (as a bare ray.init() would) and treats it as what it is, a cluster
-    that outlives the run: fleet.keep_workers_s holds, and the next run leases the first
-    run's worker."""
+    """A user's `ray start --head` has token authentication on by default: `kharness run`
+    with only RAY_ADDRESS set must still join it (it sends the token itself). With no
+    RAY_ADDRESS, `kharness run` joins the Ray a user started on this machine with
+    `ray start` (as a bare ray.init() would). Either way it treats it as what it is, a
+    cluster that outlives the run: fleet.keep_workers_s holds, and the second run leases
+    the first run's worker."""
     exp = {
         "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}], "dtypes": ["fp16"],
         "search": {"sampler": "grid", "trials": 1},
@@ -164,17 +145,21 @@ def test_run_without_ray_address_joins_this_machines_ray_and_keeps_workers(
         "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
         "fleet": {"compile_workers": 0, "keep_workers_s": 60},
     }
-    env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}
+    by_address = {**{k: v for k, v in head.env.items() if k != "RAY_AUTH_MODE"},
+                  "RAY_ADDRESS": head.gcs}
+    this_machine = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}
     summaries = []
-    for name in ("kept1", "kept2"):
+    for name, env in (("kept1", by_address), ("kept2", this_machine)):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({**exp, "name": name}))
         proc = subprocess.run([str(BIN / "kharness"), "run", f"{name}.yaml", "--json"],
                               env=env, cwd=tmp_path, capture_output=True, text=True,
                               timeout=600)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
+        assert "InvalidAuthToken" not in proc.stderr
         assert "started its own Ray" not in out, out[-4000:]
         summaries.append(json.loads(proc.stdout))
+    assert [s["rows"][0]["counts"]["measured"] for s in summaries] == [1, 1]
     assert [s["workers_reused"] for s in summaries] == [0, 1]
 
 

@@ -1,7 +1,8 @@
-"""The fleet on a simulated 8-node cluster: placement by hardware key, one compile service
-per node whose binaries are compiled once per node, and studies spread over every worker.
+"""The fleet on a simulated multi-node cluster: placement by hardware key, one compile
+service per node whose binaries are compiled once per node, and studies spread over every
+worker.
 
-Four nodes advertise two H100 each and four one H200 each (``accelerator_type``
+Two nodes advertise two H100 each and two one H200 each (``accelerator_type``
 resources, fake ``num_gpus``); the workers find no real GPU and run Triton's interpreter,
 and compiling ahead is forced (``HARNESS_PRECOMPILE=force``) so that the compile services
 run as on GPUs.
@@ -34,14 +35,14 @@ SLEEPS = [0, 10, 20, 30, 40, 50, 60, 70]
 
 
 @pytest.fixture(scope="module")
-def eight(tmp_path_factory) -> Any:
+def nodes(tmp_path_factory) -> Any:
     events = tmp_path_factory.mktemp("events")
-    # The head is one of the eight nodes.
+    # The head is one of the four nodes.
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "num_gpus": 2, "resources": {"accelerator_type:H100": 2},
         "include_dashboard": False, "_system_config": NO_PRESTART})
-    for i in range(7):
-        h100 = i < 3
+    for i in range(3):
+        h100 = i < 1
         cluster.add_node(num_cpus=2 if h100 else 1, num_gpus=2 if h100 else 1,
                          resources={f"accelerator_type:{'H100' if h100 else 'H200'}": 1})
     cluster.wait_for_nodes()
@@ -60,10 +61,9 @@ def _nodes(key: str) -> set[str]:
             if n["Alive"] and f"accelerator_type:{key}" in n["Resources"]}
 
 
-def test_eight_nodes_place_by_key_compile_once_per_node_and_spread(eight, tmp_path: Path
-                                                                   ) -> None:
+def test_nodes_place_by_key_compile_once_per_node_and_spread(nodes, tmp_path: Path) -> None:
     exp = {
-        "name": "eight", "kernel": FAULTY, "shapes": [{"N": 256}, {"N": 512}],
+        "name": "multi", "kernel": FAULTY, "shapes": [{"N": 256}, {"N": 512}],
         "dtypes": ["fp32"], "hardware": ["H100"],
         "search": {"sampler": "grid", "trials": 20, "warm_start": False,
                    "remeasure_top_k": 2, "remeasure_rounds": 1},
@@ -76,25 +76,25 @@ def test_eight_nodes_place_by_key_compile_once_per_node_and_spread(eight, tmp_pa
     path.write_text(yaml.safe_dump(exp))
     summary = run(path, console=Console(file=io.StringIO(), width=300), progress=False)
     h100, h200 = _nodes("H100"), _nodes("H200")
-    assert len(h100) == 4 and len(h200) == 4
+    assert len(h100) == 2 and len(h200) == 2
 
-    # Placement: eight H100 workers, on the H100 nodes only; nothing on the H200 nodes.
+    # Placement: four H100 workers, on the H100 nodes only; nothing on the H200 nodes.
     workers = summary.fleet["workers"]
-    assert len(workers) == 8 and {w["node_id"] for w in workers} == h100
-    storage = f"sqlite:///{tmp_path / 'runs' / 'eight' / 'optuna.db'}"
+    assert len(workers) == 4 and {w["node_id"] for w in workers} == h100
+    storage = f"sqlite:///{tmp_path / 'runs' / 'multi' / 'optuna.db'}"
     trials = [t for n in (256, 512)
-              for t in optuna.load_study(study_name=f"eight/{FAULTY}/N={n}/fp32/H100",
+              for t in optuna.load_study(study_name=f"multi/{FAULTY}/N={n}/fp32/H100",
                                          storage=storage).trials
               if t.user_attrs.get("status") == "measured"]
     assert len(trials) == 2 * len(SLEEPS)
     assert {t.user_attrs["result"]["extra"]["node_id"] for t in trials} <= h100
 
-    # Spread: every worker measured something (one task at a time: the first eight go to
-    # eight workers), and each study ran on several of them.
+    # Spread: every worker measured something (one task at a time: the first four go to
+    # four workers), and each study ran on several of them.
     assert all(w.get("tasks", 0) >= 1 for w in workers), workers
     pids = {}
     for n in (256, 512):
-        study = optuna.load_study(study_name=f"eight/{FAULTY}/N={n}/fp32/H100",
+        study = optuna.load_study(study_name=f"multi/{FAULTY}/N={n}/fp32/H100",
                                   storage=storage)
         pids[n] = {t.user_attrs["result"]["extra"]["pid"] for t in study.trials
                    if t.user_attrs.get("status") == "measured"}
@@ -105,7 +105,7 @@ def test_eight_nodes_place_by_key_compile_once_per_node_and_spread(eight, tmp_pa
     # grid to compile while they started.
     services = summary.fleet["compile_services"]
     assert set(services) == h100
-    compiles = [e for e in read_events(eight) if e["event"] == "compile"]
+    compiles = [e for e in read_events(nodes) if e["event"] == "compile"]
     assert {e["node"] for e in compiles} <= h100 and compiles
     per_node = Counter((e["node"], e["N"],
                         tuple(sorted({**Faulty.default_config, **e["config"]}.items())))

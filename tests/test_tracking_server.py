@@ -84,26 +84,49 @@ def _servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_run_against_tracking_server(tmp_path, servers):
+    """``kharness run --json`` against the server, with ``user:password@`` in
+    ``tracking.uri``: the runs, metrics and artifacts read back through the server and
+    found in the bucket; MLflow sends the credentials from the environment, ``--json``
+    prints JSON only (no MLflow "View run" links), and the password is in no output,
+    state file, Ray log or MLflow run."""
+    import json
+    import shutil
+    import tempfile
+
     uri, bucket = servers
+    password = "pw-never-stored-4711"
+    host = uri.removeprefix("http://")
     exp = {
         "name": "remote", "kernel": "grouped_gemm",
         "shapes": [{"M": 200, "N": 64, "K": 64, "E": 3}], "dtypes": ["fp16"],
         "search": {"sampler": "random", "trials": 3},
         "search_space": {"hardware": {"cpu": {"params": {
             "BLOCK_N": [64], "BLOCK_K": [64], "GROUP_M": [1, 4], "PERSISTENT": [0, 1]}}}},
-        "tracking": {"uri": uri},
+        "tracking": {"uri": f"http://alice:{password}@{host}"},
         "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
     }
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("TRITON_INTERPRET", None)
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", str(path)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"MLflow: {uri}" in proc.stdout
-    assert CREDS["AWS_SECRET_ACCESS_KEY"] not in proc.stdout + proc.stderr
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": ray_tmp}
+    for var in ("TRITON_INTERPRET", "RAY_ADDRESS", "MLFLOW_TRACKING_PASSWORD"):
+        env.pop(var, None)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", str(path), "--json"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summary = json.loads(proc.stdout)  # JSON only on stdout
+        assert summary["tracking_uri"] == uri
+        out = proc.stdout + proc.stderr
+        assert password not in out and CREDS["AWS_SECRET_ACCESS_KEY"] not in out
+        stored = [p for root in (tmp_path / "runs", Path(ray_tmp)) for p in root.rglob("*")
+                  if p.is_file() and not p.is_symlink()]
+        assert any(p.name == "state.json" for p in stored)
+        leaks = [str(p) for p in stored if password.encode() in p.read_bytes()]
+        assert not leaks, leaks
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
     from mlflow.tracking import MlflowClient
 
@@ -111,6 +134,7 @@ def test_run_against_tracking_server(tmp_path, servers):
     experiment = client.get_experiment_by_name("remote")
     assert experiment.artifact_location.startswith("mlflow-artifacts:")
     runs = client.search_runs([experiment.experiment_id], max_results=100)
+    assert runs and all(password not in json.dumps(r.to_dictionary()) for r in runs)
     by_level: dict[str, list] = {}
     for r in runs:
         by_level.setdefault(r.data.tags.get("harness.level"), []).append(r)
@@ -140,51 +164,3 @@ def test_run_against_tracking_server(tmp_path, servers):
     assert any(k.endswith(f"{parent.info.run_id}/artifacts/packs/grouped_gemm.json")
                for k in keys), keys
     assert any(k.endswith(f"{study.info.run_id}/artifacts/plots/roofline.png") for k in keys)
-
-
-def test_credentials_in_the_uri_are_never_stored_or_printed(tmp_path, servers):
-    """``tracking.uri`` with ``user:password@``: the run logs to the server (MLflow sends
-    the credentials from the environment), ``--json`` prints JSON only (no MLflow "View
-    run" links), and the password is in no output, state file, or Ray log."""
-    import json
-    import shutil
-    import tempfile
-
-    uri, _ = servers
-    password = "pw-never-stored-4711"
-    host = uri.removeprefix("http://")
-    exp = {
-        "name": "cred", "kernel": "grouped_gemm",
-        "shapes": [{"M": 200, "N": 64, "K": 64, "E": 3}], "dtypes": ["fp16"],
-        "search": {"sampler": "random", "trials": 2},
-        "search_space": {"hardware": {"cpu": {"params": {
-            "BLOCK_N": [64], "BLOCK_K": [64], "GROUP_M": [1], "PERSISTENT": [0, 1]}}}},
-        "tracking": {"uri": f"http://alice:{password}@{host}"},
-        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-    }
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(exp))
-    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": ray_tmp}
-    for var in ("TRITON_INTERPRET", "RAY_ADDRESS", "MLFLOW_TRACKING_PASSWORD"):
-        env.pop(var, None)
-    try:
-        proc = subprocess.run([sys.executable, "-m", "harness", "run", str(path), "--json"],
-                              cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        summary = json.loads(proc.stdout)  # JSON only on stdout
-        assert summary["tracking_uri"] == uri
-        assert password not in proc.stdout + proc.stderr
-        stored = [p for root in (tmp_path / "runs", Path(ray_tmp)) for p in root.rglob("*")
-                  if p.is_file() and not p.is_symlink()]
-        assert any(p.name == "state.json" for p in stored)
-        leaks = [str(p) for p in stored if password.encode() in p.read_bytes()]
-        assert not leaks, leaks
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("cred").experiment_id])
-    assert runs and all(password not in json.dumps(r.to_dictionary()) for r in runs)
