@@ -27,7 +27,7 @@ from harness.hardware import spec_for_key
 from harness.kernel_api import DeviceSpec
 from harness.measure import Timing
 from harness.run_logging import Logs
-from harness.search import Search, storage_url
+from harness.search import Search, drop_studies, storage_url
 from harness.tracking.redact import redact
 from harness.tracking.tracker import Tracker, git_sha
 from harness.write_behind import WriteBehindStorage
@@ -250,8 +250,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     # MLflow and Optuna start up while the workers do (each takes seconds).
     url = storage_url(exp.output.runs_dir, exp.name)
     if not resume:  # an earlier run's studies of this name: seconds to delete from sqlite
-        for spec in planned:
-            _drop_study(url, spec.name)
+        drop_studies(url, [spec.name for spec in planned])
     procs = bookkeeping_processes(exp, targets)
     storage = WriteBehindStorage(url, process=procs)
     tracker = tracker_f.result()
@@ -506,10 +505,3 @@ def _want_compile(exp: experiment.Experiment, device: DeviceSpec) -> bool:
     return (not device.interpreted) if setting == "auto" else bool(setting)
 
 
-def _drop_study(storage: str, name: str) -> None:
-    import optuna
-
-    try:
-        optuna.delete_study(study_name=name, storage=storage)
-    except KeyError:
-        pass

@@ -33,7 +33,8 @@ from harness.run import run
 from kernels.grouped_gemm import GroupedGemm
 from tests.fault_kernels import Faulty, read_events
 
-pytestmark = pytest.mark.slow
+# Each run's MLflow store is a copy of one built once: a new store migrates (seconds of CPU).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("mlflow_db")]
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTY = "tests.fault_kernels:Faulty"

@@ -23,7 +23,8 @@ import yaml
 
 from harness import packs
 
-pytestmark = pytest.mark.slow
+# Each run's MLflow store is a copy of one built once: a new store migrates (seconds of CPU).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("mlflow_db")]
 
 BIN = Path(sys.executable).parent
 
@@ -84,10 +85,8 @@ def head() -> Iterator[SimpleNamespace]:
         yield SimpleNamespace(address=f"http://127.0.0.1:{dash}", gcs=f"127.0.0.1:{gcs}",
                               env=env)
     finally:
-        _signal(_ours(temp_dir), signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while _ours(temp_dir) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        # Killed outright: the GCS server, the raylet and the autoscaler's monitor outlive
+        # a SIGTERM by more than 8 s (measured), and nothing of this head is kept.
         _signal(_ours(temp_dir), signal.SIGKILL)
         shutil.rmtree(base, ignore_errors=True)
 

@@ -27,7 +27,8 @@ from harness.fleet.cluster import NO_PRESTART
 from harness.run import run
 from tests.fault_kernels import Faulty, read_events
 
-pytestmark = pytest.mark.slow
+# Each run's MLflow store is a copy of one built once: a new store migrates (seconds of CPU).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("mlflow_db")]
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTY = "tests.fault_kernels:Faulty"

@@ -20,7 +20,8 @@ from mlflow.tracking import MlflowClient
 
 from tests.fault_kernels import cli_env
 
-pytestmark = pytest.mark.slow
+# Each run's MLflow store is a copy of one built once: a new store migrates (seconds of CPU).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("mlflow_db")]
 
 FAULTY = "tests.fault_kernels:Faulty"
 STUDY = f"resume/{FAULTY}/N=256/fp32/cpu"

@@ -89,8 +89,8 @@ def test_ties_without_neighbours_go_to_the_smallest_footprint_whatever_the_noise
 
 
 @pytest.mark.slow
-def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path,
-                                                      faulty_events: Path) -> None:
+def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path, faulty_events: Path,
+                                                      mlflow_db: Path) -> None:
     events = faulty_events
     # ms: gaps a loaded 2-core machine's jitter does not bridge, so the winner is known
     sleeps = [0, 100, 200, 300]
@@ -167,8 +167,8 @@ def _run_faulty(tmp_path: Path, name: str, params: dict, packs_dir: Path, rounds
 
 
 @pytest.mark.slow
-def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path,
-                                                          faulty_events: Path) -> None:
+def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path, faulty_events: Path,
+                                                          mlflow_db: Path) -> None:
     """Two configs that take the same time (COMPILE_MS only slows the Faulty kernel's
     compile children, and there are none here): a first run that measured only
     COMPILE_MS=1 froze it; a re-run over both keeps it (re-measured beside the top
@@ -202,8 +202,8 @@ def test_a_rerun_keeps_the_packs_winner_among_tied_configs(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_a_narrower_search_does_not_replace_the_packs_winner_unseen(tmp_path: Path,
-                                                                   faulty_events: Path) -> None:
+def test_a_narrower_search_does_not_replace_the_packs_winner_unseen(
+        tmp_path: Path, faulty_events: Path, mlflow_db: Path) -> None:
     """Seen on an H200: a grid over one engine's configs only froze its own
     winner over the pack's entry, a config of another engine it never measured. The
     pack's entry is now re-measured beside the top configs even where the search's space

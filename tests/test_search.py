@@ -123,3 +123,15 @@ def test_resume_measures_the_configs_a_killed_driver_left_in_flight(tmp_path) ->
                                   seed_from_packs=False), make_storage(url), seed=0,
                    n_parallel=2)
     assert again.interrupted == [] and again.measured == 6
+
+
+def test_drop_studies_deletes_only_the_named_ones_and_creates_nothing(tmp_path) -> None:
+    from harness.search import drop_studies, make_storage
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    assert drop_studies(url, ["a"]) == [] and not (tmp_path / "optuna.db").exists()
+    storage = make_storage(url)
+    for name in ("a", "b", "c"):
+        optuna.create_study(study_name=name, storage=storage)
+    assert drop_studies(url, ["a", "c", "x"]) == ["a", "c"]
+    assert [s.study_name for s in optuna.get_all_study_summaries(make_storage(url))] == ["b"]

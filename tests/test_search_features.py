@@ -129,7 +129,8 @@ def test_threshold_pruner_waits_for_startup_trials() -> None:
 
 
 @pytest.mark.slow
-def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path, faulty_events: Path) -> None:
+def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path, faulty_events: Path,
+                                                   mlflow_db: Path) -> None:
     """Live multi-fidelity: the default config (no sleep) is measured in full first;
     every config that sleeps 100 ms or more (gaps a loaded 2-core machine's jitter does not
     bridge) is then stopped after its cheap pass."""

@@ -201,7 +201,8 @@ def test_a_large_sparse_space_is_used_up_and_one_without_valid_configs_says_so(
 
 
 @pytest.mark.slow
-def test_a_run_names_the_study_it_could_not_tune_and_exits_4(tmp_path: Path) -> None:
+def test_a_run_names_the_study_it_could_not_tune_and_exits_4(tmp_path: Path,
+                                                             mlflow_db: Path) -> None:
     """Two matmul studies on the interpreter: M=64 is tuned, M=16 has no tile that fits
     its space (BLOCK_M 64 only): the run says so, freezes nothing for it, and exits 4."""
     import json

@@ -20,7 +20,7 @@ from typing import Any
 
 _HOMES = {
     "config_key": "keys",
-    "storage_url": "storage", "make_storage": "storage",
+    "storage_url": "storage", "make_storage": "storage", "drop_studies": "storage",
     "ValidSpace": "valid", "grid_order": "valid",
     "ValidSampler": "samplers", "make_sampler": "samplers", "make_pruner": "samplers",
     "ThresholdPruner": "samplers",

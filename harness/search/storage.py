@@ -29,3 +29,21 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
     event.listen(storage.engine, "connect", fast_commits)
     storage.engine.dispose()  # connections opened before the listener reconnect with it
     return storage
+
+
+def drop_studies(url: str, names: list[str]) -> list[str]:
+    """Delete the studies of these names that an earlier run left in the storage (a run
+    without ``--resume`` starts them afresh); the names it deleted. One storage serves
+    them all: each storage opened checks the schema's version (about half a second on
+    SQLite), and a SQLite file that does not exist yet holds nothing to delete."""
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return []
+    storage = make_storage(url)
+    try:
+        existing = {s.study_name for s in storage.get_all_studies()}
+        dropped = [name for name in names if name in existing]
+        for name in dropped:
+            optuna.delete_study(study_name=name, storage=storage)
+        return dropped
+    finally:
+        storage.engine.dispose()
