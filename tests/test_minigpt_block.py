@@ -170,10 +170,20 @@ def test_split_head_pruning():
         assert "sum of two powers of two" in K.check_config(flash, shape, CPU)
 
 
-def _tile_cases() -> list[dict]:
+# Tunables that only set a launch's num_warps / num_stages. Triton's interpreter ignores
+# both, so on the CPU each of their values would run the default's computation again:
+# there their values are checked against the kernel's constraints, and run on a GPU.
+LAUNCH_ONLY = ("_WARPS", "_STAGES")
+
+
+def _tile_cases(launch_only: bool | None = None) -> list[dict]:
+    """Each value of each tile tunable, on the path it tunes; ``launch_only``: only the
+    num_warps / num_stages ones (True), none of them (False), or all (None)."""
     cases = []
     for name, values in PARAMS.items():
         if name in _CHOICES:
+            continue
+        if launch_only is not None and name.endswith(LAUNCH_ONLY) != launch_only:
             continue
         path = next(p for prefix, p in _PATH.items() if name.startswith(prefix))
         cases += [{**path, name: v} for v in values]
@@ -181,9 +191,15 @@ def _tile_cases() -> list[dict]:
 
 
 @pytest.mark.slow  # a sweep: the fast tier keeps one case of each choice
-@pytest.mark.parametrize("config", _tile_cases(), ids=str)
+@pytest.mark.parametrize("config", _tile_cases(None if torch.cuda.is_available() else False),
+                         ids=str)
 def test_every_block_size_and_warps(config, device):
     _run(config, device)
+
+
+@pytest.mark.parametrize("config", _tile_cases(True), ids=str)
+def test_every_launch_option_passes_the_kernels_checks(config):
+    assert K.check_config({**FAST, **config}, TEST, CPU) is None
 
 
 @pytest.mark.slow  # a sweep: the fast tier keeps one case of each choice
