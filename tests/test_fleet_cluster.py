@@ -91,8 +91,8 @@ def _experiment(tmp_path: Path, **fields: Any) -> Path:
         "search": {"sampler": "grid", "trials": 20},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-        # Threads: the simulated GPUs run the interpreter; the placement test and the
-        # multi-node one (test_fleet_nodes.py) run the processes a GPU run starts.
+        # Threads: the simulated GPUs run the interpreter; the placement test runs the
+        # processes a GPU run starts.
         "fleet": {"compile_workers": 0, "bookkeeping": "threads"},
     }
     for key, value in fields.items():
@@ -365,25 +365,39 @@ def test_wait_for_nodes_gives_up_clearly(cl, tmp_path: Path) -> None:
 # -- compiling ahead ----------------------------------------------------------------------
 
 
-def test_queued_configs_compile_ahead_in_child_processes(cl, events, tmp_path: Path) -> None:
+def test_known_and_queued_configs_compile_ahead_in_child_processes(cl, events,
+                                                                    tmp_path: Path) -> None:
+    """The first study's default config, and every config of its exhaustive grid, are
+    known before the search: a new worker builds that problem's inputs and sends them to
+    its compile child in its start-up, so the GPU does not wait for those compiles once
+    the worker is ready. Each is compiled once, in the child, before its launch, and
+    loaded into the worker while the config before it is measured."""
     sleeps = [100, 200, 300, 400]
     path = _experiment(tmp_path, name="ahead", hardware=["H200"],
                        search_space={"params": {"FAULT": ["none"], "SLEEP_MS": sleeps}},
                        fleet={"queue_depth": 4, "compile_workers": 1})
-    _run(path)
+    summary, _ = _run(path)
     trials = _by_status(_trials(tmp_path, "ahead", f"ahead/{FAULTY}/N=256/fp32/H200"),
                         "measured")
     assert sorted(t.params["SLEEP_MS"] for t in trials) == sleeps
+    start = summary.worker_startup["H200"]
+    # The default and the grid's four, sent before "ready".
+    assert "first_problem" in start and start["compiles_sent"] == 1 + len(sleeps), start
+    (row,) = summary.rows
+    assert row["default_latency_ms"] > 0 and row["counts"]["measured"] == len(sleeps)
     log = read_events(events)
-    for t in trials:
-        config = t.params
-        extra = t.user_attrs["result"]["extra"]
-        compiled = [e for e in log if e["event"] == "compile" and e["config"] == config]
-        launched = [e for e in log if e["event"] == "launch" and e["config"] == config]
-        assert len(compiled) == 1 and launched, config
-        # Compiled once, in a child process, before the worker's first launch.
-        assert compiled[0]["pid"] != launched[0]["pid"] == extra["pid"]
+    grid = [{**Faulty.default_config, "FAULT": "none", "SLEEP_MS": ms} for ms in sleeps]
+    for config in [Faulty.default_config, *grid]:
+        compiled = [e for e in log if e["event"] == "compile"
+                    and {**Faulty.default_config, **e["config"]} == config]
+        launched = [e for e in log if e["event"] == "launch"
+                    and {**Faulty.default_config, **e["config"]} == config]
+        assert len(compiled) == 1 and launched, (config, log)  # compiled once, ahead
+        assert compiled[0]["pid"] != launched[0]["pid"]
         assert compiled[0]["t"] <= launched[0]["t"]
+    for t in trials:
+        extra = t.user_attrs["result"]["extra"]
+        compiled = [e for e in log if e["event"] == "compile" and e["config"] == t.params]
         assert extra["precompile"]["ok"] is True
         assert extra["precompile"]["pid"] == compiled[0]["pid"]
     # While one config is measured, the worker loads the next queued one's binary into
@@ -399,34 +413,6 @@ def test_queued_configs_compile_ahead_in_child_processes(cl, events, tmp_path: P
             assert len(loads) == 1 and loads[0]["pid"] == launched[0]["pid"]
             assert compiled[0]["t"] <= loads[0]["t"] <= launched[0]["t"]
     assert loaded >= len(trials) - 1, log
-
-
-def test_a_new_worker_compiles_the_known_configs_while_it_starts(cl, events,
-                                                                tmp_path: Path) -> None:
-    """The first study's default config, and every config of its exhaustive grid, are
-    known before the search: a new worker builds that problem's inputs and sends them to
-    its compile child in its start-up, so the GPU does not wait for those compiles once
-    the worker is ready. Each is compiled once, in the child, before its launch."""
-    path = _experiment(tmp_path, name="first", hardware=["H200"],
-                       search={"sampler": "grid", "trials": 2, "warm_start": False,
-                               "remeasure_top_k": 0},
-                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [10, 20]}},
-                       fleet={"queue_depth": 2, "compile_workers": 1})
-    summary, _ = _run(path)
-    log = read_events(events)
-    grid = [{**Faulty.default_config, "FAULT": "none", "SLEEP_MS": ms} for ms in (10, 20)]
-    for config in [Faulty.default_config, *grid]:
-        compiled = [e for e in log if e["event"] == "compile"
-                    and {**Faulty.default_config, **e["config"]} == config]
-        launched = [e for e in log if e["event"] == "launch"
-                    and {**Faulty.default_config, **e["config"]} == config]
-        assert len(compiled) == 1 and launched, (config, log)  # compiled once, ahead
-        assert compiled[0]["pid"] != launched[0]["pid"]
-        assert compiled[0]["t"] <= launched[0]["t"]
-    start = summary.worker_startup["H200"]
-    assert "first_problem" in start and start["compiles_sent"] == 3  # before "ready"
-    (row,) = summary.rows
-    assert row["default_latency_ms"] > 0 and row["counts"]["measured"] == 2
 
 
 def test_remeasurement_of_a_study_runs_on_one_gpu(cl, events, tmp_path: Path) -> None:

@@ -71,7 +71,9 @@ def test_nodes_place_by_key_compile_once_per_node_and_spread(nodes, tmp_path: Pa
         "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": SLEEPS}},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-        "fleet": {"queue_depth": 1, "compile_workers": 1},
+        # Threads: the MLflow logger and the Optuna writer as processes are the placement
+        # test's (test_fleet_cluster.py); here each would start a Ray worker for nothing.
+        "fleet": {"queue_depth": 1, "compile_workers": 1, "bookkeeping": "threads"},
     }
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
