@@ -34,7 +34,25 @@ os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"kh-{_worker}-", dir="/tmp")
 atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
 
 
+# The costliest files first, from their measured wall times on two cores (`--junitxml`,
+# 2026-11-27). `-n 2 --dist loadfile` hands whole files to the two processes in collection
+# order (pyproject.toml turns off xdist's reordering by test count, which put these
+# single-test files last): a long file handed out last would run alone at the end.
+COSTLIEST_FIRST = [
+    "test_fleet_cluster", "test_minigpt_block", "test_fleet_jobs", "test_grouped_gemm",
+    "test_fleet_nodes", "test_fleet_scaling", "test_remeasure", "test_trial_logger",
+    "test_grouped_gemm_gluon", "test_fleet_resume", "test_bench", "test_report",
+    "test_tracking_server", "test_pipeline", "test_search_valid", "test_packs_s3",
+]
+
+
+def _cost_rank(item: pytest.Item) -> int:
+    name = item.path.stem
+    return COSTLIEST_FIRST.index(name) if name in COSTLIEST_FIRST else len(COSTLIEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_cost_rank)  # stable: each file's tests keep their order
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a GPU; run on the device")
