@@ -248,6 +248,7 @@ def test_the_summary_fits_100_columns():
     assert len(far) > 8 and " ".join(f"{k}={v}" for k, v in far.items()) in text
     assert "BLOCK_K=" not in text and "GROUP_M=" not in text  # the default's values
     assert "2 the default config" in text and "3 none" in text
+    assert f"MLflow: sqlite:///mlflow.db (parent run {'0' * 32})" in text
     config = next(i for i, x in enumerate(lines) if x.startswith(" 1 BLOCK_M="))
     assert lines[config + 1].startswith("   ") and "=" in lines[config + 1]  # wrapped
     # The table's own width, unfolded, is within the 100 columns.

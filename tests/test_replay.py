@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
 import math
 import random
+import sqlite3
 from pathlib import Path
 
 import optuna
@@ -258,7 +260,12 @@ def test_export_round_trip(tmp_path: Path) -> None:
     # export-all: every study of every experiment under a runs directory.
     runs = tmp_path / "runs"
     (runs / "sweep-test").mkdir(parents=True)
-    (tmp_path / "optuna.db").rename(runs / "sweep-test" / "optuna.db")
+    # Copied through SQLite's backup API, not renamed: the export opened it in WAL mode,
+    # and a connection this process may still hold would then read a file whose -wal and
+    # -shm were left under the old name ("disk I/O error", seen once).
+    with contextlib.closing(sqlite3.connect(tmp_path / "optuna.db")) as src, \
+            contextlib.closing(sqlite3.connect(runs / "sweep-test" / "optuna.db")) as dst:
+        src.backup(dst)
     assert rp.main(["export-all", "--runs", str(runs), "--out", str(tmp_path / "tables")]) == 0
     files = list((tmp_path / "tables" / "H200").glob("*.json"))
     assert [f.name for f in files] == ["matmul__M64_N64_K64__bf16.json"]
