@@ -66,6 +66,21 @@ def device() -> str:
     return DEVICE
 
 
+def copy_sqlite(src: Path, dest: Path) -> Path:
+    """``src`` copied to ``dest`` through SQLite's backup API: whole, whatever its journal
+    mode, even while a connection holds it open."""
+    with contextlib.closing(sqlite3.connect(src)) as a, \
+            contextlib.closing(sqlite3.connect(dest)) as b:
+        a.backup(b)
+    return dest
+
+
+@pytest.fixture
+def sqlite_copy() -> Callable[[Path, Path], Path]:
+    """``copy_sqlite`` for tests."""
+    return copy_sqlite
+
+
 @pytest.fixture(scope="session")
 def empty_mlflow_db(tmp_path_factory) -> Callable[[Path], Path]:
     """``copy(dest)``: an empty MLflow SQLite store at ``dest``. A new store runs every
@@ -76,13 +91,7 @@ def empty_mlflow_db(tmp_path_factory) -> Callable[[Path], Path]:
     template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     MlflowClient(f"sqlite:///{template}").search_experiments()
 
-    def copy(dest: Path) -> Path:
-        with contextlib.closing(sqlite3.connect(template)) as src, \
-                contextlib.closing(sqlite3.connect(dest)) as dst:
-            src.backup(dst)
-        return dest
-
-    return copy
+    return lambda dest: copy_sqlite(template, dest)
 
 
 @pytest.fixture

@@ -398,6 +398,8 @@ def test_known_and_queued_configs_compile_ahead_in_child_processes(cl, events,
     for t in trials:
         extra = t.user_attrs["result"]["extra"]
         compiled = [e for e in log if e["event"] == "compile" and e["config"] == t.params]
+        launched = [e for e in log if e["event"] == "launch" and e["config"] == t.params]
+        assert launched[0]["pid"] == extra["pid"]  # launched by the worker that measured
         assert extra["precompile"]["ok"] is True
         assert extra["precompile"]["pid"] == compiled[0]["pid"]
     # While one config is measured, the worker loads the next queued one's binary into

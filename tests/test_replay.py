@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import itertools
 import json
 import math
 import random
-import sqlite3
 from pathlib import Path
 
 import optuna
@@ -211,7 +209,7 @@ def _make_sweep_db(path: Path) -> str:
     return url
 
 
-def test_export_round_trip(tmp_path: Path) -> None:
+def test_export_round_trip(tmp_path: Path, sqlite_copy) -> None:
     url = _make_sweep_db(tmp_path / "optuna.db")
     out = tmp_path / "one.json"
     assert rp.export(url, out) == [out]
@@ -263,9 +261,7 @@ def test_export_round_trip(tmp_path: Path) -> None:
     # Copied through SQLite's backup API, not renamed: the export opened it in WAL mode,
     # and a connection this process may still hold would then read a file whose -wal and
     # -shm were left under the old name ("disk I/O error", seen once).
-    with contextlib.closing(sqlite3.connect(tmp_path / "optuna.db")) as src, \
-            contextlib.closing(sqlite3.connect(runs / "sweep-test" / "optuna.db")) as dst:
-        src.backup(dst)
+    sqlite_copy(tmp_path / "optuna.db", runs / "sweep-test" / "optuna.db")
     assert rp.main(["export-all", "--runs", str(runs), "--out", str(tmp_path / "tables")]) == 0
     files = list((tmp_path / "tables" / "H200").glob("*.json"))
     assert [f.name for f in files] == ["matmul__M64_N64_K64__bf16.json"]
