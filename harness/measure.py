@@ -307,25 +307,30 @@ class Measurer:
     """Holds one problem's inputs and reference, and measures configs against them.
 
     Keyed by (kernel class and name, shape, dtype, seed): a worker keeps the last
-    problem's inputs, so the trials of one study share inputs and the reference is
-    computed once.
+    ``keep`` problems' inputs, so the trials of one study share inputs and the reference
+    is computed once, also where a worker times another study's compiled configs while
+    its own study's last ones compile.
     """
 
-    def __init__(self, timing: Timing | None = None, device: str | None = None):
+    def __init__(self, timing: Timing | None = None, device: str | None = None,
+                 keep: int = 1):
         import torch
 
         self.timing = timing or Timing()
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.keep = max(1, keep)
         self._key: tuple | None = None
         self._inputs: dict[str, Any] = {}
         self._ref: Any = None
         self._ref_prep: list[RefPrep] | None = None
         self._held: tuple[tuple, dict[str, Any]] | None = None  # (key, inputs), for held()
+        self._others: dict[tuple, tuple] = {}  # key -> (inputs, ref, prep), oldest first
 
     def release(self) -> None:
         """Drop the held inputs and reference (and the allocator's cached blocks)."""
         self._key, self._inputs, self._ref, self._ref_prep = None, {}, None, None
         self._held = None
+        self._others.clear()
         if self.device == "cuda":
             import torch
 
@@ -348,8 +353,17 @@ class Measurer:
         key = _problem_id(kernel, shape, dtype, seed)
         if key == self._key:
             return
+        if self._key is not None and self.keep > 1:
+            self._others[self._key] = (self._inputs, self._ref, self._ref_prep)
+            while len(self._others) > self.keep - 1:
+                self._others.pop(next(iter(self._others)))
         self._key, self._inputs, self._ref, self._ref_prep = None, {}, None, None
         self._held = None
+        kept = self._others.pop(key, None)
+        if kept is not None:
+            self._key, (self._inputs, self._ref, self._ref_prep) = key, kept
+            self._held = (key, self._inputs)
+            return
         inputs = kernel.make_inputs(shape, dtype, seed, self.device)
         ref = kernel.reference(inputs, shape)
         prep = prepare_reference(ref)

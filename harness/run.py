@@ -21,7 +21,7 @@ import ray
 from rich.console import Console
 
 from harness import experiment, freeze, kernel_api, run_logging, schedule, spaces, warmstart
-from harness.fleet import Fleet, NoHardwareError, Task
+from harness.fleet import Fleet, NoHardwareError
 from harness.fleet import code_version as fleet_code_version
 from harness.hardware import spec_for_key
 from harness.kernel_api import DeviceSpec
@@ -262,14 +262,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     summary.mark("workers_ready")
     summary.worker_startup = {k: dict(v[0].get("startup_s", {})) for k, v in infos.items()}
     summary.worker_nice = {k: max(i.get("nice", 0) for i in v) for k, v in infos.items()}
-    # Each GPU's first study's eager baseline goes out now: the GPU works on it while the
-    # studies are set up below (MLflow runs, Optuna studies: about half a second).
     specs = experiment.plan(exp, targets)  # the studies, on the hardware that started
-    early: dict[str, Task] = {}
-    for hw, spec in ({} if resume else schedule.first_studies(specs)).items():
-        early[hw] = Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, False),
-                         ("eager", spec.name))
-        fleet.submit(early[hw])
     summary.interpreted = any(i["interpreted"] for group in infos.values() for i in group)
     if summary.interpreted:
         console.print("[bold yellow]No GPU: kernels run under Triton's interpreter on the CPU. "
@@ -278,7 +271,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     state_path, run_state, trial_log, logged = _start_tracking(exp, path, resume, tracker,
                                                                summary)
     studies = [_study(exp, path, spec, infos[spec.hardware][0], fleet, storage, tracker,
-                      summary, resume, early.get(spec.hardware)) for spec in specs]
+                      summary, resume) for spec in specs]
     if resume:
         _report_resume(studies, tracker, trial_log, logged, console, summary)
 
@@ -295,7 +288,8 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
 
     sched = schedule.Scheduler(exp, fleet, studies,
                                lambda t, r: schedule.record(t, r, logs, trial_log),
-                               lambda: logs.release(storage.poll_stored()), plots)
+                               lambda: logs.release(storage.poll_stored()), plots,
+                               lambda st: schedule.log_baselines(st, logs))
     try:
         sched.run(console, progress)
     except BaseException:
@@ -367,7 +361,7 @@ def _start_tracking(exp: experiment.Experiment, path: str | Path, resume: bool,
 
 def _study(exp: experiment.Experiment, path: str | Path, spec: experiment.StudySpec,
            worker: dict[str, Any], fleet: Fleet, storage: Any, tracker: Tracker,
-           summary: Summary, resume: bool, early: Task | None) -> schedule.StudyState:
+           summary: Summary, resume: bool) -> schedule.StudyState:
     """One study set up: its space on the device its workers see, its Optuna study
     (seeded from the packs), its MLflow run, its baselines from an earlier run."""
     device = _device_from_info(worker)
@@ -394,9 +388,6 @@ def _study(exp: experiment.Experiment, path: str | Path, spec: experiment.StudyS
     best = search.best()
     if best:
         st.best_ms = best[1].get("latency_ms") or math.inf
-    if early is not None and early.tag == ("eager", spec.name):
-        early.tag = ("eager", st)  # sent before the study existed
-        st.pending.add("eager")
     return st
 
 

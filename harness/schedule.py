@@ -40,6 +40,12 @@ MAX_GRID_SCAN = 20_000
 
 @dataclass
 class StudyState:
+    """One study through the run: its search, then its final phase (``start_remeasure``):
+    the finalists re-measured in interleaved rounds and, in the same rounds, the
+    baselines (PyTorch eager, torch.compile, and the kernel's default config where the
+    search did not measure it), so that the first trial never waits behind a baseline
+    and every speed-up compares measurements taken side by side."""
+
     spec: experiment.StudySpec
     search: Search
     run_id: str
@@ -50,7 +56,7 @@ class StudyState:
     default: dict[str, Any] | None = None  # the kernel's default config's result
     compiled: dict[str, Any] | None = None  # the eager code under torch.compile
     want_compile: bool = False  # whether this study times the torch.compile baseline
-    pending: set[str] = field(default_factory=set)  # baselines in flight
+    pending: set[str] = field(default_factory=set)  # work in flight outside the search
     failures: int = 0
     best_ms: float = math.inf
     candidates: list[remeasure.Candidate] = field(default_factory=list)  # re-measured top k
@@ -64,6 +70,8 @@ class StudyState:
     remeasure_todo: list[Task] = field(default_factory=list)
     remeasure_left: int = 0
     slot: int | None = None  # the worker that re-measures it
+    #: The baselines timed in the final phase's rounds: eager, compile, default
+    baselines: dict[str, remeasure.Candidate] = field(default_factory=dict)
     #: When its search ended and its re-measurement began and ended (monotonic seconds)
     times: dict[str, float] = field(default_factory=dict)
 
@@ -107,22 +115,11 @@ def known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
 
 
 def study_task(st: StudyState, hw: str, searching: bool = True) -> Task | None:
-    """The study's next search task: its baselines first (PyTorch eager and the kernel's
-    default config, measured even where the default is outside the space), then its
-    trials; None when it has none to hand out now. ``searching``: False once the run's
-    time is up (baselines and trials in their full pass only)."""
+    """The study's next search task: its trials (the kernel's default config first where
+    ``search.warm_start``); None when it has none to hand out now. The baselines come in
+    its final phase (``start_remeasure``), never ahead of a trial. ``searching``: False
+    once the run's time is up (configs in their full pass only)."""
     spec = st.spec
-    if st.eager is None and "eager" not in st.pending:
-        st.pending.add("eager")
-        return Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, False), ("eager", st))
-    if st.default is None and "default" not in st.pending:
-        st.pending.add("default")
-        default = kernel_api.get(spec.kernel).default_config
-        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, default, 0),
-                    ("default", st))
-    if st.want_compile and st.compiled is None and "compile" not in st.pending:
-        st.pending.add("compile")
-        return Task(hw, "eager", (spec.kernel, spec.shape, spec.dtype, 0, True), ("compile", st))
     if st.full:  # configs the pruner let through their cheap pass: now in full
         trial, config = st.full.pop(0)
         return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
@@ -145,19 +142,33 @@ def study_task(st: StudyState, hw: str, searching: bool = True) -> Task | None:
 
 
 def remeasure_tasks(exp: experiment.Experiment, st: Any) -> list[Task]:
-    """The re-measurements of ``st.candidates``: ``remeasure_rounds`` interleaved
-    rounds, each timed with ``remeasure_rep_ms`` (at least the search's budget), tagged
-    with the candidate and the round."""
+    """The final phase's tasks: ``remeasure_rounds`` interleaved rounds (one where no
+    finalist is re-measured: under the interpreter), each timing every finalist of
+    ``st.candidates`` and then every baseline of ``st.baselines`` with
+    ``remeasure_rep_ms`` (at least the search's budget), tagged with what it times and
+    its round. One GPU times them all (one group): interleaving only cancels drifts
+    where they are compared on the same device."""
     rep = max(exp.search.remeasure_rep_ms, exp.timing.rep_ms)
     longer = ({"rep_ms": rep},) if rep > exp.timing.rep_ms else ()
+    spec, group = st.spec, f"remeasure {st.spec.name}"
     n_cands = len(st.candidates)
-    # One GPU for all of a study's re-measurements (one group): interleaving only
-    # cancels drifts if the candidates are compared on the same device.
-    return [Task(st.spec.hardware, "measure",
-                 (st.spec.kernel, st.spec.shape, st.spec.dtype, st.candidates[i].config, 0,
-                  *longer),
-                 ("remeasure", st, i, n // n_cands), group=f"remeasure {st.spec.name}")
-            for n, i in enumerate(remeasure.schedule(n_cands, exp.search.remeasure_rounds))]
+    rounds = exp.search.remeasure_rounds if n_cands else 1
+    out: list[Task] = []
+    for round_ in range(rounds):
+        for i in range(n_cands):
+            out.append(Task(spec.hardware, "measure",
+                            (spec.kernel, spec.shape, spec.dtype, st.candidates[i].config, 0,
+                             *longer), ("remeasure", st, i, round_), group=group))
+        for name, cand in st.baselines.items():
+            if name == "default":
+                args: tuple = (spec.kernel, spec.shape, spec.dtype, cand.config, 0, *longer)
+                method = "measure"
+            else:
+                args = (spec.kernel, spec.shape, spec.dtype, 0, name == "compile", *longer)
+                method = "eager"
+            out.append(Task(spec.hardware, method, args, ("baseline", st, name, round_),
+                            group=group))
+    return out
 
 
 def incumbent(exp: experiment.Experiment, st: StudyState,
@@ -184,35 +195,91 @@ def incumbent(exp: experiment.Experiment, st: StudyState,
     return held, {}
 
 
+def searched_default(st: StudyState) -> dict[str, Any] | None:
+    """What the search measured of the kernel's default config (``search.warm_start``
+    asks it first), None where it did not measure it successfully."""
+    fam = kernel_api.get(st.spec.kernel)
+    for cfg, res in st.search.top(10**9):
+        if {**fam.default_config, **cfg} == dict(fam.default_config):
+            return dict(res)
+    return None
+
+
 def _default_candidate(st: StudyState) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The kernel's default config with its baseline measurement, where it measured ok
-    (it is re-measured beside the finalists and is never beaten within noise)."""
-    if not st.default or not st.default.get("ok", True) or not st.default.get("latency_ms"):
-        return None
+    """The kernel's default config, with what the search measured of it ({} where it
+    did not): it is re-measured beside the finalists and is never beaten within noise.
+    None where it cannot run on this device."""
     fam = kernel_api.get(st.spec.kernel)
     if fam.check_config(dict(fam.default_config), st.spec.shape, st.device) is not None:
         return None
     space = st.search.space
     cfg = {k: v for k, v in fam.default_config.items() if k in space}
-    return cfg, st.default
+    return cfg, (searched_default(st) or {})
 
 
 def start_remeasure(exp: experiment.Experiment, st: StudyState) -> None:
-    """The study's search is over: plan its finalists' re-measurement (or, with fewer
-    than two finalists, be done)."""
+    """The study's search is over: plan its final phase, the finalists' re-measurement
+    and the baselines in the same rounds (or, with nothing to time, be done)."""
     st.times["search_done"] = time.monotonic()
     k = remeasure.top_k(exp.search.remeasure_top_k, st.device.interpreted)
     top = st.search.top(k) if k > 1 else []
+    default = _default_candidate(st)
+    if st.default is None and default is not None and default[1]:
+        st.default = default[1]  # the search's measurement, until a re-measurement
     if len(top) >= 2:
         st.incumbent = incumbent(exp, st, top)
-        default = _default_candidate(st)
         st.default_config = default[0] if default else None
         st.candidates = remeasure.candidates(top, st.incumbent, default)
-        st.remeasure_todo = remeasure_tasks(exp, st)
-        st.remeasure_left = len(st.remeasure_todo)
+    wanted = {"eager": st.eager is None, "compile": st.want_compile and st.compiled is None,
+              # Timed on its own only where no finalist round times it and the search
+              # did not: a kernel's default is one of the speed-ups the summary shows.
+              "default": not st.candidates and st.default is None and default is not None}
+    fam = kernel_api.get(st.spec.kernel)
+    st.baselines = {name: remeasure.Candidate(
+        dict(fam.default_config) if name == "default" else {"baseline": name}, math.nan)
+        for name, want in wanted.items() if want}
+    if st.search.best() is None:
+        st.baselines = {}  # nothing to compare them with: the study tuned nothing
+    st.remeasure_todo = remeasure_tasks(exp, st)
+    st.remeasure_left = len(st.remeasure_todo)
     st.phase = "remeasure" if st.remeasure_todo else "done"
     if st.phase == "done":
         st.times["done"] = time.monotonic()
+
+
+def finish_baselines(st: StudyState) -> dict[str, dict[str, Any]]:
+    """Each baseline's outcome once its rounds are timed: the measurement of its median
+    round (a failure where no round succeeded), set on the study and in its Optuna
+    study (what ``--resume`` reads). The default config, where it was a finalist, takes
+    its re-measured median: the speed-up over it compares rounds taken side by side."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, cand in st.baselines.items():
+        if cand.samples:
+            out[name] = {**cand.median_result, "latency_ms": cand.median,
+                         "rounds": len(cand.samples)}
+        else:
+            reason = cand.failures[0] if cand.failures else "not measured"
+            out[name] = TrialResult(ok=False, reason=reason).to_dict()
+    if st.default_config is not None:
+        fam = kernel_api.get(st.spec.kernel)
+        mine = next((c for c in st.candidates if c.samples and {
+            **fam.default_config, **c.config} == dict(fam.default_config)), None)
+        if mine is not None:
+            out["default"] = {**mine.median_result, "latency_ms": mine.median,
+                              "rounds": len(mine.samples)}
+    for name, res in out.items():
+        setattr(st, "compiled" if name == "compile" else name, res)
+        st.search.set_attr(name, res)
+    return out
+
+
+def log_baselines(st: StudyState, logs: Logs) -> None:
+    """The study's baselines, as its final phase timed them, into its MLflow run."""
+    for name in st.baselines:
+        res = getattr(st, "compiled" if name == "compile" else name) or {}
+        ok = res.get("ok", True)
+        logs.log(st.run_id, metrics={f"{name}_latency_ms": res.get("latency_ms")},
+                 params={f"{name}_status": "ok" if ok else str(res.get("reason"))[:400]})
 
 
 def decide(studies: list[StudyState]) -> None:
@@ -237,17 +304,7 @@ def decide(studies: list[StudyState]) -> None:
 def record(task: Task, result: TrialResult, logs: Logs, trial_log: Path) -> None:
     """A search task's result: told to its study (Optuna first: it is what --resume
     trusts), sent to the MLflow logger."""
-    kind, st = task.tag[0], task.tag[1]
-    if isinstance(st, str):
-        return  # a baseline sent before its study was set up, which then was not
-    if kind in ("eager", "default", "compile"):
-        st.pending.discard(kind)
-        setattr(st, "compiled" if kind == "compile" else kind, result.to_dict())
-        st.search.set_attr(kind, result.to_dict())
-        logs.log(st.run_id, metrics={f"{kind}_latency_ms": result.latency_ms},
-                 params={f"{kind}_status": "ok" if result.ok else result.reason[:400]})
-        return
-    _, st, trial, config = task.tag
+    kind, st, trial, config = task.tag
     if kind == "cheap":
         if not st.search.cheap(trial, config, result):
             st.full.append((trial, config))  # may win: measured in full next
@@ -277,13 +334,16 @@ class Scheduler:
     def __init__(self, exp: experiment.Experiment, fleet: Fleet, studies: list[StudyState],
                  on_result: Callable[[Task, TrialResult], None],
                  on_tick: Callable[[], None] = lambda: None,
-                 on_search_done: Callable[[StudyState], None] = lambda st: None) -> None:
+                 on_search_done: Callable[[StudyState], None] = lambda st: None,
+                 on_done: Callable[[StudyState], None] = lambda st: None) -> None:
         """``on_result``: a search task's result (``record``); ``on_tick``: called once
         per turn of the loop (the storage's and the logger's bookkeeping);
-        ``on_search_done``: a study's search has ended (its plots can be drawn)."""
+        ``on_search_done``: a study's search has ended (its plots can be drawn);
+        ``on_done``: its final phase has ended (its baselines are known)."""
         self.exp, self.fleet, self.studies = exp, fleet, studies
         self.on_result, self.on_tick = on_result, on_tick
         self.on_search_done = on_search_done
+        self.on_done = on_done
         self.by_hw: dict[str, list[StudyState]] = {}
         for st in studies:
             self.by_hw.setdefault(st.spec.hardware, []).append(st)
@@ -306,6 +366,8 @@ class Scheduler:
                 and (not self._searching() or st.search.done())):
             start_remeasure(self.exp, st)
             self.on_search_done(st)
+            if st.phase == "done":
+                self._finish(st)
 
     def _task_for(self, st: StudyState, slot: int, hw: str) -> Task | None:
         if st.phase == "remeasure":
@@ -374,24 +436,29 @@ class Scheduler:
     def _result(self, task: Task, result: TrialResult) -> None:
         kind, st = task.tag[0], task.tag[1]
         self.times["last_result"] = time.monotonic()
-        if kind == "remeasure":
+        if kind in ("remeasure", "baseline"):
             _, st, i, round_ = task.tag
-            cand = st.candidates[i]
+            cand = st.candidates[i] if kind == "remeasure" else st.baselines[i]
             if result.ok:
                 cand.add(result.latency_ms, round_, result.to_dict())
             else:
                 cand.failures.append(result.reason)
             st.remeasure_left -= 1
             if st.remeasure_left <= 0:
-                st.phase = "done"
-                st.times["done"] = time.monotonic()
+                self._finish(st)
             return
         if kind in ("trial", "cheap"):
             self.times.setdefault("first_trial", time.monotonic())
             self.times["last_trial"] = time.monotonic()
         self.on_result(task, result)
-        if not isinstance(st, str):
-            self._advance(st)
+        self._advance(st)
+
+    def _finish(self, st: StudyState) -> None:
+        """The study's final phase is over: its baselines are known."""
+        st.phase = "done"
+        st.times.setdefault("done", time.monotonic())
+        finish_baselines(st)
+        self.on_done(st)
 
     def _give_up(self, hw: str) -> None:
         """Every worker of ``hw`` is gone: its studies keep what came back."""

@@ -47,7 +47,9 @@ def fake_run(tmp_path, monkeypatch):
                        interpreted=True, parent_run_id="p123", tracking_uri=URI,
                        events=[f"worker said {secret}"], wall_s=1.0, held_s=1.0,
                        timing_s=0.5, timing_fraction=0.5,
-                       overhead={"timing": 0.5, "first_call": 0.3, "idle": 0.2})
+                       overhead={"timing": 0.5, "first_call": 0.3, "idle": 0.2},
+                       timeline={"ray_connected": 7.2, "workers_ready": 12.0,
+                                 "first_trial": 13.0, "last_result": 40.5, "done": 41.7})
 
     monkeypatch.setattr("harness.run.run", run)
     return exp, secret, seen
@@ -80,6 +82,8 @@ def test_default_output(fake_run, capsys):
     assert "2.50×" in out and "1.25×" in out and "42%" in out and "4/1/2" in out
     assert "pack: packs/cpu/grouped_gemm.json" in out
     assert "GPU-held time by phase: timing 0.5 s, first_call 0.3 s, idle 0.2 s" in out
+    # Where the wall went: a slow start shows at a glance.
+    assert "time: start 13.0 s (ray 7.2 s, workers 12.0 s), search 27.5 s, end 1.2 s" in out
     assert "postgresql://mlflow:***@db.internal:5432/mlflow" in out
     for text in (out, err):
         assert secret not in text and "hunter2-pw" not in text
@@ -157,36 +161,58 @@ def test_log_filter_covers_args_and_tracebacks(monkeypatch):
     assert "token ***, 5%" in text and "RuntimeError: bad token ***" in text
 
 
-def test_compile_baseline_task_and_speedup(tmp_path):
-    """The torch.compile baseline: queued after eager and default where wanted ('auto':
-    on GPUs, not under the interpreter), and its speed-up in the study's outcome."""
+def test_baselines_come_after_the_search_in_its_final_rounds(tmp_path):
+    """The baselines (PyTorch eager, torch.compile where wanted: 'auto' is on GPUs, not
+    under the interpreter, and the default config where the search did not measure it)
+    are never handed out by the search: they are timed in the study's final phase, in
+    the same interleaved rounds as its finalists, and their median rounds give the
+    speed-ups."""
     import dataclasses
     from types import SimpleNamespace
 
     from harness import experiment, freeze, run, schedule
     from harness.hardware import spec_for_key
+    from harness.measure import TrialResult
 
-    exp = experiment.Experiment(name="x", kernel="grouped_gemm",
-                                shapes=[{"M": 200, "N": 64, "K": 64, "E": 3}])
+    exp = experiment.Experiment(name="x", kernel="matmul",
+                                shapes=[{"M": 256, "N": 256, "K": 256}],
+                                search={"remeasure_rounds": 2})
     gpu = spec_for_key("H100")
     assert run._want_compile(exp, gpu) is True
     assert run._want_compile(exp, dataclasses.replace(gpu, interpreted=True)) is False
     off = exp.model_copy(update={"baselines": experiment.BaselineSettings(compile=False)})
     assert run._want_compile(off, gpu) is False
     spec = experiment.plan(exp, ["H100"])[0]
-    search = SimpleNamespace(ask=lambda: None, best=lambda: (
-        {"BLOCK_M": 64}, {"latency_ms": 1.0}))
+    attrs: dict = {}
+    top = [({"BLOCK_M": 64}, {"latency_ms": 1.0}),
+           ({"BLOCK_M": 128, "BLOCK_N": 64}, {"latency_ms": 1.1})]
+    search = SimpleNamespace(ask=lambda: None, best=lambda: top[0], space={"BLOCK_M": [64, 128]},
+                             top=lambda k: top[:k], set_attr=attrs.__setitem__)
     st = schedule.StudyState(spec, search, "r", gpu, {}, want_compile=True)
-    tasks = [schedule.study_task(st, "H100") for _ in range(3)]
-    assert [t.tag[0] for t in tasks] == ["eager", "default", "compile"]
-    assert schedule.study_task(st, "H100") is None  # search exhausted, nothing queued twice
-    assert tasks[2].method == "eager" and tasks[2].args[-1] is True  # compiled=True
-    assert tasks[0].args[-1] is False
-    st.eager, st.compiled, st.default = ({"latency_ms": 4.0}, {"latency_ms": 2.0},
-                                         {"latency_ms": 1.5})
+    assert schedule.study_task(st, "H100") is None  # the search hands out trials only
+    schedule.start_remeasure(exp, st)
+    assert st.phase == "remeasure" and set(st.baselines) == {"eager", "compile"}
+    tags = [(t.tag[0], t.tag[2], t.tag[3]) for t in st.remeasure_todo]
+    n = len(st.candidates)  # the top two and the default config (not measured by the search)
+    assert n == 3 and len(tags) == 2 * (n + 2)
+    assert tags[n:n + 2] == [("baseline", "eager", 0), ("baseline", "compile", 0)]
+    eager, compiled = st.remeasure_todo[n], st.remeasure_todo[n + 1]
+    assert eager.method == compiled.method == "eager"
+    assert eager.args[4] is False and compiled.args[4] is True
+    assert len({t.group for t in st.remeasure_todo}) == 1  # one GPU times them all
+    for t in st.remeasure_todo:
+        kind, _, i, round_ = t.tag
+        ms = {"eager": 4.0, "compile": 2.0}.get(i, 1.5 if kind == "remeasure" and i == 2 else 1.0)
+        cand = st.candidates[i] if kind == "remeasure" else st.baselines[i]
+        cand.add(ms, round_, TrialResult(ok=True, latency_ms=ms).to_dict())
+    st.final = (st.candidates[0].config, "fastest")
+    schedule.finish_baselines(st)
+    assert st.eager["latency_ms"] == 4.0 and st.compiled["latency_ms"] == 2.0
+    assert st.default["latency_ms"] == 1.5  # the default's re-measured median
+    assert attrs["eager"]["latency_ms"] == 4.0  # in the Optuna study: what --resume reads
     _, metrics = freeze.outcome(st)
     assert metrics["speedup_vs_compile"] == 2.0 and metrics["compile_latency_ms"] == 2.0
-    assert metrics["speedup_vs_eager"] == 4.0
+    assert metrics["speedup_vs_eager"] == 4.0 and metrics["speedup_vs_default"] == 1.5
 
 
 def test_set_overrides_reach_the_run(fake_run, capsys):

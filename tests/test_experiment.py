@@ -217,20 +217,25 @@ def _listing(root: Path) -> list[str]:
 @pytest.mark.parametrize(("patch", "field", "words"), [
     next(case for case in BAD_FILES if case[2] == words)
     for words in ("not of type int", "known keys are", "memory of L4")])
-def test_command_refuses_before_ray_starts(tmp_path, monkeypatch, capsys, patch, field, words):
-    """Semantic errors (tunables, hardware, memory) also exit 2 before Ray or MLflow
-    start: nothing is written, no Ray is running."""
+def test_command_refuses_and_stops_the_ray_it_started(tmp_path, monkeypatch, capsys, patch,
+                                                     field, words):
+    """Semantic errors (tunables, hardware, memory) exit 2 with nothing written. They
+    are checked while Ray starts (the kernel family's import takes seconds that a good
+    file should not wait for): a Ray the run started for a bad file is stopped, and no
+    MLflow store or Optuna storage is created."""
     import ray
 
-    def no_ray(*args, **kwargs):
-        raise AssertionError("Ray was started for a file that fails its checks")
+    from harness.fleet import Fleet
 
-    monkeypatch.setattr(ray, "init", no_ray)
+    started, stopped = [], []
+    monkeypatch.setattr(Fleet, "connect", staticmethod(lambda: started.append(1) or "local"))
+    monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(1))
     monkeypatch.chdir(tmp_path)
     data = {**yaml.safe_load(GOOD), **patch}
     path = _write(tmp_path, yaml.safe_dump(data))
     before = _listing(tmp_path)
     assert cli.main(["run", str(path)]) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err.replace("\n", "")
-    assert str(path) in err and field in err
+    assert str(path) in err and field in err and words in err
+    assert len(started) == len(stopped) <= 1, "a Ray the run started must be stopped"
     assert _listing(tmp_path) == before  # no runs/, packs/, mlflow.db, optuna.db

@@ -273,7 +273,8 @@ def test_remeasurements_are_planned_in_rounds_with_their_own_budget() -> None:
         "search": {"remeasure_rounds": 3, "remeasure_rep_ms": 60}})
     spec = SimpleNamespace(hardware="H200", kernel="k", shape={"N": 256}, dtype="bf16",
                            name="s")
-    st = SimpleNamespace(spec=spec, candidates=[Candidate({"x": i}, 1.0) for i in range(2)])
+    st = SimpleNamespace(spec=spec, candidates=[Candidate({"x": i}, 1.0) for i in range(2)],
+                         baselines={})
     tasks = _remeasure_tasks(exp, st)
     assert [(t.tag[2], t.tag[3]) for t in tasks] == [(0, 0), (1, 0), (0, 1), (1, 1),
                                                      (0, 2), (1, 2)]

@@ -92,6 +92,21 @@ def print_configs(out: Console, rows: list[dict[str, Any]]) -> None:
         out.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def timeline_line(timeline: Mapping[str, float]) -> str:
+    """Where the wall time went, in one line: the start (command to the first trial,
+    with when Ray was up and the workers ready), the search (first trial to the last
+    result) and the end (last result to exit); "" without a first trial."""
+    first, last, done = (timeline.get(k) for k in ("first_trial", "last_result", "done"))
+    if first is None or last is None:
+        return ""
+    parts = [f"ray {timeline['ray_connected']:.1f} s"] if "ray_connected" in timeline else []
+    if "workers_ready" in timeline:
+        parts.append(f"workers {timeline['workers_ready']:.1f} s")
+    inner = f" ({', '.join(parts)})" if parts else ""
+    end = f", end {done - last:.1f} s" if done is not None else ""
+    return f"time: start {first:.1f} s{inner}, search {last - first:.1f} s{end}"
+
+
 def print_summary(out: Console, summary: Any, quiet: bool) -> None:
     """The table, the packs written and the run's totals (``--quiet``: the packs only)."""
     if not quiet:
@@ -106,6 +121,9 @@ def print_summary(out: Console, summary: Any, quiet: bool) -> None:
               f"({fmt(summary.timing_fraction * 100, '.0f', '%')}); "
               f"{summary.replaced} workers replaced, {summary.retried} trials retried"
               + (f", {summary.reused} kept workers reused" if summary.reused else ""))
+    line = timeline_line(summary.timeline)
+    if line:
+        out.print(line, markup=False, highlight=False)
     if summary.overhead:
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in summary.overhead.items() if v >= 0.05)
         out.print(f"GPU-held time by phase: {parts}")

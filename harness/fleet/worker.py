@@ -13,8 +13,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace as _replace
 from typing import Any
 
@@ -83,10 +82,8 @@ class Worker:
         ctx = ray.get_runtime_context()
         gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
         pin_triton_cache_dir()  # where the node's compile service writes the binaries
-        warm: threading.Thread | None = None
         if gpu_ids and gpu_device_nodes():
-            warm = threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True)
-            warm.start()
+            threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True).start()
         import torch
 
         step("import_torch")
@@ -104,7 +101,9 @@ class Worker:
         self.expected = hardware_key
         self.spec = hardware.current_device()
         step("device")
-        self.measurer = Measurer(Timing(**timing))
+        # Two problems held: a worker may time another study's compiled configs while its
+        # own study's last ones compile, and comes back without rebuilding its inputs.
+        self.measurer = Measurer(Timing(**timing), keep=2)
         self._peaks: dict[str, float] | None = None
         self.poisoned = ""  # why the device context cannot be trusted any more
         # Loading ahead: while one config is timed, a thread brings the next queued
@@ -125,6 +124,8 @@ class Worker:
             "pid": os.getpid(),
         }
         self._cv = threading.Condition()
+        self._gen = 0  # bumped by every event the task loop may wait for (``_wake``)
+        self._watched: set[int] = set()  # compile futures that wake the loop when done
         self._tasks: dict[int, tuple[str, tuple]] = {}
         self._results: dict[int, dict] = {}
         self._next = 0  # the oldest task not run yet
@@ -140,20 +141,11 @@ class Worker:
         if first is not None:
             self._prepare_first(*first)
             step("first_problem")
-        if self.pre is not None:
-            # The roofline's ceilings (cached on disk per device): measured now, while the
-            # GPU waits for the first compiles anyway, not in the first baseline's time.
-            try:
-                self.peaks()
-            except Exception as exc:  # the first baseline tries again
-                log.warning("measuring the device's peaks failed: %s", exc)
-                self._peaks = None
-            step("peaks")
         if self.pre is not None:  # a count, not seconds: configs sent to compile so far
             self.startup_s["compiles_sent"] = self.pre.submitted
-        if warm is not None:
-            warm.join(timeout=60)
-        step("accuracy_check_build")
+        # Not waited for: the accuracy check's kernel builds beside the first trial, and
+        # the device's peaks are measured while the GPU would wait for a compile anyway
+        # (``_pick``); a trial timed before them has no roofline share.
         self.startup_s["total_in_init"] = round(time.monotonic() - t0, 2)
         threading.Thread(target=self._loop, name="harness-worker", daemon=True).start()
 
@@ -204,6 +196,7 @@ class Worker:
         with self._cv:
             self._last_call = time.monotonic()
             self._tasks[seq] = (method, args)
+            self._gen += 1
             self._cv.notify_all()
         if method == "measure" and self.pre is not None:
             kernel, shape, dtype, config, seed = args[:5]
@@ -226,6 +219,7 @@ class Worker:
             idle_s = time.perf_counter() - max(t_idle, self._leased_at)
             t_pick = time.perf_counter()
             seq = self._pick(block=True)
+            assert seq is not None
             ahead_s = time.perf_counter() - t_pick  # every queued config still compiling
             with self._cv:
                 method, args = self._tasks.pop(seq)
@@ -317,42 +311,125 @@ class Worker:
                     self.pre.close()
                 os._exit(0)
 
+    def _wake(self, *_: Any) -> None:
+        """Wake the task loop: a task came, or a compile it may wait for is done."""
+        with self._cv:
+            self._gen += 1
+            self._cv.notify_all()
+
     def _compiling(self, task: tuple[str, tuple]) -> Future | None:
-        """The ahead-of-time compile of a queued measurement of the problem in hand (None:
-        another problem's, a baseline, or a config not compiled ahead)."""
+        """The ahead-of-time compile of a queued measurement (None: a baseline, or a
+        config not compiled ahead, or one whose problem's inputs are not known yet). Its
+        completion wakes the task loop. Never called with ``_cv`` held: the compile
+        client completes futures under its own lock."""
         method, args = task
-        current = self._current
-        if method != "measure" or self.pre is None or current is None:
+        if method != "measure" or self.pre is None:
             return None
         kernel, shape, dtype, config, seed = args[:5]
-        if problem_key(kernel, shape, dtype, seed) != current[0]:
+        fut = self.pre.pending(problem_key(kernel, shape, dtype, seed), config)
+        if fut is not None and id(fut) not in self._watched:
+            self._watched.add(id(fut))
+            fut.add_done_callback(self._wake)
+        return fut
+
+    def _unprepared(self, task: tuple[str, tuple]) -> tuple | None:
+        """The problem of a queued measurement whose inputs this worker has not built
+        yet, where its family compiles ahead: (kernel, family, shape, dtype, seed)."""
+        method, args = task
+        if method != "measure" or self.pre is None:
             return None
-        return self.pre.pending(current[0], config)
+        from harness import kernel_api
+
+        kernel, shape, dtype, _config, seed = args[:5]
+        try:
+            fam = kernel_api.get(kernel)
+        except Exception:  # the measurement reports it
+            return None
+        if not hasattr(fam, "compile_only"):
+            return None
+        with self._hint_lock:
+            known = problem_key(kernel, shape, dtype, seed) in self._skeletons
+        return None if known else (kernel, fam, shape, dtype, seed)
 
     def _pick(self, block: bool) -> int | None:
-        """The task to run next: the oldest, unless it waits for its compile child while
-        a later measurement of the same problem has its binary: then the oldest of those.
-        The GPU times whatever is compiled instead of waiting for one slow compile (the
-        first configs of a run, a config with deep pipelines). ``block``: wait until one
-        can run; else None when none can now."""
+        """The task to run next: the oldest, unless it waits for its compile while a
+        later measurement, of any problem, has its binary: then the oldest of those. The
+        GPU times whatever is compiled instead of waiting for one slow compile (the
+        first configs of a run, a config that spills registers) or for a study's last
+        configs while another study's are ready. Where only the loop thread can help
+        (``block``), it builds the inputs of a queued problem it has not seen (so that
+        its configs start compiling) and measures the device's peaks while it waits.
+        ``block``: wait, woken by a task's arrival or a compile's end, until one can
+        run; else None when none can now."""
         while True:
             with self._cv:
+                gen = self._gen
                 head = self._next
                 queued = sorted(self._tasks.items())
             if not queued or queued[0][0] != head:
-                return None if not block else head  # the oldest has not arrived (no block)
-            waits: list[Future] = []
+                if not block:
+                    return None  # the oldest has not arrived
+                with self._cv:
+                    self._cv.wait_for(lambda: self._next in self._tasks)
+                continue
+            ready = None
             for seq, task in queued:
                 fut = self._compiling(task)
-                if seq == head and fut is None:
-                    return head
-                if fut is not None:
-                    if fut.done():
-                        return seq
-                    waits.append(fut)
+                if fut is None:
+                    if seq == head and (not block or self._unprepared(task) is None):
+                        return head
+                    continue
+                if fut.done():
+                    ready = seq
+                    break
+            if ready is not None:
+                return ready
             if not block:
                 return None
-            futures_wait(waits, timeout=0.02, return_when=FIRST_COMPLETED)
+            if self._prepare_queued(queued) or self._idle_work():
+                continue
+            with self._cv:
+                self._cv.wait_for(lambda g=gen: self._gen != g)
+
+    def _prepare_queued(self, queued: list[tuple[int, tuple[str, tuple]]]) -> bool:
+        """Build the inputs' layout of the oldest queued problem this worker has not
+        seen and send its queued configs to compile; whether one was. The problem's
+        inputs are made and dropped (the measurement builds them again, with its
+        reference): a few milliseconds of the GPU, where its configs would otherwise
+        start compiling only once the GPU reached them."""
+        for _seq, task in queued:
+            todo = self._unprepared(task)
+            if todo is None:
+                continue
+            kernel, fam, shape, dtype, seed = todo
+            problem = problem_key(kernel, shape, dtype, seed)
+            try:
+                held = self.measurer.held(fam, shape, dtype, seed)
+                inputs = held if held is not None else fam.make_inputs(
+                    shape, dtype, seed, self.measurer.device)
+                skel = skeleton(inputs)
+            except Exception:  # the measurement meets the error and reports it
+                skel = None
+            inputs = None
+            with self._hint_lock:
+                self._skeletons[problem] = skel  # None: tried; the measurement builds it
+                stashed = self._stash.pop(problem, []) if skel is not None else []
+            if skel is not None and stashed:
+                self.pre.submit(problem, kernel, shape, skel, stashed)  # type: ignore[union-attr]
+            return True
+        return False
+
+    def _idle_work(self) -> bool:
+        """Work for a GPU that would wait for compiles: the device's peaks (the
+        roofline's ceilings, cached on disk per device), once; whether it did any."""
+        if self._peaks is not None or self.pre is None:
+            return False
+        try:
+            self.peaks()
+        except Exception as exc:  # the next idle moment, or a baseline, tries again
+            log.warning("measuring the device's peaks failed: %s", exc)
+            self._peaks = {}
+        return True
 
     def peaks(self) -> dict[str, float]:
         from harness.measure import device_peaks
@@ -374,11 +451,21 @@ class Worker:
         wait_s = time.perf_counter() - t_wait
         self._current = (problem, fam, shape, dtype, seed)
         self._load_ahead()
+        if pre is not None and pre.get("timeout"):
+            # Compiling it took longer than the fleet allows (a config that spills
+            # registers compiles for minutes): the trial fails, the worker does not
+            # compile it itself.
+            res = TrialResult(ok=False, reason=str(pre.get("reason") or "compile time-out"),
+                              extra={"precompile": pre, "setup_s": wait_s, **self.where})
+            return res.to_dict()
         full = self.measurer.timing
         if timing:
             self.measurer.timing = _replace(full, **timing)
+        # Where the worker compiles ahead, its peaks come when the GPU would idle
+        # (``_idle_work``): a trial before them has no roofline share, not a wait.
+        peaks = self._peaks if self.pre is not None else self.peaks()
         try:
-            res = self.measurer.measure(fam, shape, dtype, config, seed, peaks=self.peaks())
+            res = self.measurer.measure(fam, shape, dtype, config, seed, peaks=peaks)
         finally:
             self.measurer.timing = full
         res.extra["setup_s"] = wait_s  # inputs built, waited on the ahead-of-time compile
@@ -389,14 +476,22 @@ class Worker:
             res.extra["precompile"] = pre
         return res.to_dict()
 
-    def _eager(self, kernel: str, shape: dict, dtype: str, seed: int, compiled: bool) -> dict:
+    def _eager(self, kernel: str, shape: dict, dtype: str, seed: int, compiled: bool,
+               timing: dict | None = None) -> dict:
+        """``timing``: this task's own do_bench budgets (the final phase's rounds)."""
         from harness import kernel_api
 
         fam = kernel_api.get(kernel)
         self._problem_loaded(kernel, fam, shape, dtype, seed, None)
         if self.pre is not None:  # the problem in hand: its trials may run as they compile
             self._current = (problem_key(kernel, shape, dtype, seed), fam, shape, dtype, seed)
-        res = self.measurer.measure_eager(fam, shape, dtype, seed, compiled)
+        full = self.measurer.timing
+        if timing:
+            self.measurer.timing = _replace(full, **timing)
+        try:
+            res = self.measurer.measure_eager(fam, shape, dtype, seed, compiled)
+        finally:
+            self.measurer.timing = full
         if res.fatal:
             self.poisoned = f"the device context was poisoned by an earlier task ({res.reason})"
         res.extra.update(self.where)
@@ -489,8 +584,8 @@ class Worker:
         except Exception:
             return None  # the measurement reports it
         with self._hint_lock:
-            if problem not in self._skeletons:
-                while len(self._skeletons) >= 8:
+            if self._skeletons.get(problem) is None:
+                while len(self._skeletons) >= 64:
                     self._skeletons.pop(next(iter(self._skeletons)))
                 self._skeletons[problem] = skeleton(inputs)
             skel = self._skeletons[problem]
