@@ -13,6 +13,12 @@ seconds (waiting for the driver) and setup seconds (waiting for its compiles), w
 first trial came back after the command started and how long the command took after the
 last result (a re-measurement's, as a rule), and the driver's own seconds per task.
 
+``--warm``: each count on a fleet that outlives its runs, as a user iterates: a
+``ray start --head`` over the first N GPUs, the experiment run twice on it with
+``fleet.keep_workers_s`` (the first run starts the workers, compile service and Triton
+cache; the second leases them), then ``ray stop``. The table has both runs of each
+count; the speed-ups compare the second runs.
+
 ``--cpu``: no GPU needed (CI). The GPUs are simulated: each count starts a Ray whose node
 advertises N GPUs of ``--key`` (``accelerator_type``), and the workers run Triton's
 interpreter; the default experiment is then the tiny ``configs/scaling/tiny_cpu.yaml``,
@@ -77,46 +83,85 @@ def child(experiment: str, out: str, simulate: int, key: str, overrides: list[st
         "frozen": sum(1 for r in summary.rows if r.get("params")),
         "interpreted": summary.interpreted,
         "worker_startup_s": summary.worker_startup,
+        "workers_reused": summary.reused,
     }, default=str, indent=1))
 
 
-def one_count(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """The experiment on the first ``n`` GPUs, from scratch; the child's summary plus the
-    command's wall time as seen from outside."""
-    here = work / f"gpus{n}"
-    here.mkdir(parents=True, exist_ok=True)
+def _env(n: int, args: argparse.Namespace, here: Path) -> dict[str, str]:
+    """The environment of count ``n``: its GPUs, an empty Triton cache of its own."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TRITON_INTERPRET")}
     env["TRITON_CACHE_DIR"] = str(here / "triton-cache")  # empty: every binary compiled
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     if not args.cpu:
-        visible = args.devices[:n]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(args.devices[:n])
+    return env
+
+
+def one_count(n: int, args: argparse.Namespace, work: Path, run: int = 0,
+              env: dict[str, str] | None = None,
+              extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The experiment on the first ``n`` GPUs, from scratch (``run`` > 0: the run-th on
+    a warm fleet, in the same folder); the child's summary plus the command's wall time
+    as seen from outside."""
+    here = work / f"gpus{n}"
+    here.mkdir(parents=True, exist_ok=True)
+    env = env or _env(n, args, here)
     exp = here / "experiment.yaml"
     exp.write_text(Path(args.experiment).read_text())
     overrides = [f"tracking.uri=sqlite:///{here / 'mlflow.db'}",
-                 f"output.runs_dir={here / 'runs'}", f"output.packs_dir={here / 'packs'}"]
-    out = here / "summary.json"
+                 f"output.runs_dir={here / 'runs'}", f"output.packs_dir={here / 'packs'}",
+                 *extra]
+    out = here / f"summary{run or ''}.json"
+    # On a warm fleet the second run replaces the first's studies (--fresh's path): a
+    # user iterating re-runs the same experiment.
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(exp), str(out),
-           str(n if args.cpu else 0), args.key, *overrides]
+           str(n if args.cpu and not run else 0), args.key, *overrides]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=here, env=env, capture_output=True, text=True,
                           timeout=args.timeout_s)
     wall = time.monotonic() - t0
-    (here / "stderr.txt").write_text(proc.stderr[-200_000:])
+    (here / f"stderr{run or ''}.txt").write_text(proc.stderr[-200_000:])
     if proc.returncode != 0 or not out.is_file():
-        return {"gpus": n, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}",
+        return {"gpus": n, "run": run, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}",
                 "command_wall_s": wall}
     res = json.loads(out.read_text())
-    res.update(gpus=n, command_wall_s=round(wall, 2))
+    res.update(gpus=n, command_wall_s=round(wall, 2), run=run)
     return res
+
+
+def warm_count(n: int, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Count ``n`` on a ``ray start --head`` fleet over its GPUs: the experiment twice
+    with kept workers (the second run is the warm one), then the head stopped."""
+    here = work / f"gpus{n}"
+    here.mkdir(parents=True, exist_ok=True)
+    env = _env(n, args, here)
+    head = ["ray", "start", "--head", "--port", "0", "--dashboard-host", "127.0.0.1",
+            "--include-dashboard", "false", "--disable-usage-stats", "--num-gpus", str(n)]
+    if args.cpu:  # simulated GPUs of the key
+        head += ["--resources", json.dumps({f"accelerator_type:{args.key}": n})]
+    started = subprocess.run(head, env=env, capture_output=True, text=True, timeout=300)
+    if started.returncode != 0:
+        return [{"gpus": n, "run": 1, "error": f"ray start: {started.stderr[-2000:]}"}]
+    env = {**env, "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "token")}
+    keep = (f"fleet.keep_workers_s={args.keep_s:g}",)
+    try:
+        out = []
+        for run in (1, 2):
+            out.append(one_count(n, args, work, run=run, env=env, extra=keep))
+            if "error" in out[-1]:
+                break
+        return out
+    finally:
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
 
 
 # -- the table --------------------------------------------------------------------------------
 
 def _row(res: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     if "error" in res:
-        return {"gpus": res["gpus"], "error": res["error"][-300:]}
+        return {"gpus": res["gpus"], "run": res.get("run") or "cold",
+                "error": res["error"][-300:]}
     wall = res["command_wall_s"]
     tl = res.get("timeline_s", {})
     startup = wall - res.get("wall_s", wall)  # the interpreter's start before harness
@@ -124,11 +169,14 @@ def _row(res: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     driver = res.get("fleet", {}).get("driver_s", {})
     tasks = driver.get("tasks") or 0
     row = {
-        "gpus": res["gpus"], "studies": res.get("studies"), "trials": res.get("trials"),
+        "gpus": res["gpus"], "run": res.get("run") or "cold",
+        "studies": res.get("studies"), "trials": res.get("trials"),
+        "workers_reused": res.get("workers_reused"),
         "wall_s": round(wall, 2),
         "trials_per_hour": round(res.get("trials", 0) / wall * 3600) if wall else None,
         "speedup": (round(base["command_wall_s"] / wall, 3)
-                    if base and "command_wall_s" in base and wall else None),
+                    if base and "command_wall_s" in base and wall and res.get("run") != 1
+                    else None),
         "search_s": (round(tl["last_trial"] - tl["first_trial"], 2)
                      if "first_trial" in tl and "last_trial" in tl else None),
         "first_trial_s": round(tl["first_trial"] + startup, 2) if "first_trial" in tl else None,
@@ -161,7 +209,7 @@ def _fmt(v: Any) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    cols = [("gpus", "GPUs"), ("studies", "studies"), ("trials", "trials"),
+    cols = [("gpus", "GPUs"), ("run", "run"), ("studies", "studies"), ("trials", "trials"),
             ("wall_s", "wall s"), ("trials_per_hour", "trials/h"), ("speedup", "speed-up"),
             ("per_gpu_timing_fraction", "timing fraction per GPU"),
             ("idle_s", "idle s (all GPUs)"), ("compile_wait_s", "compile wait s"),
@@ -209,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for scaling.json and scaling.md")
     ap.add_argument("--work", help="folder for each count's run (default: a temporary one)")
     ap.add_argument("--timeout-s", type=float, default=1800)
+    ap.add_argument("--warm", action="store_true", help="each count twice on a `ray start` "
+                    "fleet with kept workers (the second run is the warm one)")
+    ap.add_argument("--keep-s", type=float, default=600.0,
+                    help="fleet.keep_workers_s of the --warm runs")
     args = ap.parse_args(argv)
     args.experiment = args.experiment or str(CPU_EXPERIMENT if args.cpu else GPU_EXPERIMENT)
     counts = [int(x) for x in args.gpus.split(",") if x.strip()]
@@ -223,10 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for n in counts:
         print(f"{n} GPU(s) ...", file=sys.stderr, flush=True)
-        results.append(one_count(n, args, work))
-        print(json.dumps({k: v for k, v in results[-1].items()
-                          if k in ("gpus", "command_wall_s", "trials", "timing_fraction",
-                                   "error")}), file=sys.stderr, flush=True)
+        new = warm_count(n, args, work) if args.warm else [one_count(n, args, work)]
+        results += new
+        for res in new:
+            print(json.dumps({k: v for k, v in res.items()
+                              if k in ("gpus", "run", "command_wall_s", "trials",
+                                       "timing_fraction", "error")}), file=sys.stderr, flush=True)
         rows = write(results, args, argv, out)  # after each count: a cut run keeps them
     print(markdown(rows, _meta(args, argv)))
     return 0 if all("error" not in r for r in rows) else 1
@@ -243,7 +297,9 @@ def _meta(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def write(results: list[dict[str, Any]], args: argparse.Namespace, argv: list[str],
           out: Path) -> list[dict[str, Any]]:
     """The table of ``results`` so far, as scaling.json and scaling.md in ``out``."""
-    base = next((r for r in results if "error" not in r), None)
+    # The speed-ups compare like with like: the cold runs, or the warm (second) runs.
+    base = next((r for r in results if "error" not in r and r.get("run") in (0, 2, None)),
+                None)
     rows = [_row(r, base) for r in results]
     meta = _meta(args, argv)
     (out / "scaling.json").write_text(json.dumps({"meta": meta, "rows": rows,

@@ -147,9 +147,13 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     # processes are tied to. The plotting code is imported by the MLflow logger's own
     # process (``_Logs``): on a thread here it ran into the search's start, where each
     # of the driver's SQLite calls handed it the GIL and the GPU waited for the asks.
-    pool = ThreadPoolExecutor(1, thread_name_prefix="harness-prepare")
+    pool = ThreadPoolExecutor(2, thread_name_prefix="harness-prepare")
     checked = pool.submit(_check, path, exp, summary)
     tracker_f = pool.submit(_tracker_once_valid, checked, exp)
+    # The studies' storage once the studies are known (after Ray's discovery): an
+    # earlier run's studies deleted and the storage opened off the main thread.
+    planned_f: Future = Future()
+    storage_f = pool.submit(_storage_once_planned, checked, planned_f, exp, resume)
     pool.shutdown(wait=False)
 
     try:
@@ -183,8 +187,11 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
             stopping[0].start()
 
     try:
-        _run(exp, path, resume, console, progress, fleet, summary, tracker_f, stop_ray)
+        _run(exp, path, resume, console, progress, fleet, summary, tracker_f, planned_f,
+             storage_f, stop_ray)
     finally:
+        if not planned_f.done():  # the storage's thread waits for nothing more
+            planned_f.set_exception(RuntimeError("the run ended before its studies were planned"))
         stop_ray()
         for thread in stopping:
             thread.join()
@@ -237,7 +244,7 @@ def _started(targets: list[str], fleet: Fleet, console: Console,
 
 def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Console,
          progress: bool, fleet: Fleet, summary: Summary, tracker_f: Future,
-         release: Callable[[], None]) -> None:
+         planned_f: Future, storage_f: Future, release: Callable[[], None]) -> None:
     """The run's steps once Ray is up; ``release`` gives the GPUs back and stops a Ray
     this run started."""
     targets, available = _targets(exp, fleet, console, summary)
@@ -248,11 +255,8 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
              for hw, spec in schedule.first_studies(planned).items()}
     fleet.launch({k: available[k] for k in targets}, first=None if resume else first)
     # MLflow and Optuna start up while the workers do (each takes seconds).
-    url = storage_url(exp.output.runs_dir, exp.name)
-    if not resume:  # an earlier run's studies of this name: seconds to delete from sqlite
-        drop_studies(url, [spec.name for spec in planned])
     procs = bookkeeping_processes(exp, targets)
-    storage = WriteBehindStorage(url, process=procs)
+    planned_f.set_result((planned, procs))
     tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
     # The search's MLflow logger starts (its own process: seconds) while the workers do.
@@ -260,6 +264,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     summary.mark("tracking_ready")
     targets, infos = _started(targets, fleet, console, summary)
     summary.mark("workers_ready")
+    storage = storage_f.result()
     summary.worker_startup = {k: dict(v[0].get("startup_s", {})) for k, v in infos.items()}
     summary.worker_nice = {k: max(i.get("nice", 0) for i in v) for k, v in infos.items()}
     specs = experiment.plan(exp, targets)  # the studies, on the hardware that started
@@ -465,10 +470,26 @@ def _check(path: str | Path, exp: experiment.Experiment, summary: Summary) -> No
 
 def _tracker_once_valid(checked: Future, exp: experiment.Experiment) -> Tracker | None:
     """The run's Tracker, created only once the experiment passed its checks (MLflow
-    writes its store as it starts); None otherwise."""
+    writes its store as it starts); None otherwise. MLflow is imported meanwhile."""
+    import mlflow  # noqa: F401 - seconds of imports, beside the checks'
+
     if checked.exception() is not None:
         return None
     return Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
+
+
+def _storage_once_planned(checked: Future, planned_f: Future, exp: experiment.Experiment,
+                          resume: bool) -> WriteBehindStorage | None:
+    """The studies' storage, once the experiment passed its checks and its studies are
+    planned: without ``--resume``, an earlier run's studies of the same names deleted
+    (seconds on SQLite); None where the checks failed."""
+    if checked.exception() is not None:
+        return None
+    planned, procs = planned_f.result()
+    url = storage_url(exp.output.runs_dir, exp.name)
+    if not resume:
+        drop_studies(url, [spec.name for spec in planned])
+    return WriteBehindStorage(url, process=procs)
 
 
 def _logger_stats(stats: dict[str, float], t0: float) -> dict[str, float]:

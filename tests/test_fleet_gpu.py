@@ -233,3 +233,62 @@ def test_compile_children_warm_up_with_a_real_compile(tmp_path: Path, monkeypatc
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     _compile_warmup.compile_once()
     assert [f for f in cache.rglob("*") if f.suffix in (".cubin", ".hsaco")]
+
+
+def test_a_kernel_written_outside_the_package_tunes_on_the_gpu(tmp_path: Path) -> None:
+    """A user's own kernel, the row-wise softmax of Triton's tutorial (BLOCK_R rows per
+    program, the row in registers; benchmarks/outside/mymod.py), copied into an empty
+    directory and tuned from there as a user runs it (`python -m harness run`, the
+    module found in the working directory). Its 40-config grid holds configs that spill
+    registers and compile for minutes: they fail their trials as compile time-outs, the
+    others are measured and checked against the reference, the winner is frozen and
+    served by the runtime lookup, and the run ends in bounded time: nothing waits until
+    a time-out that no failure explains."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from harness import packs
+    from tests.fault_kernels import cli_env
+
+    shutil.copy(ROOT / "benchmarks" / "outside" / "mymod.py", tmp_path / "mymod.py")
+    exp = yaml.safe_load((ROOT / "benchmarks" / "outside" / "softmax.yaml").read_text())
+    exp["fleet"] = {"compile_timeout_s": 20}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    env = cli_env(tmp_path / "events")
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # cold: every config compiles
+    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
+    assert len(out["rows"]) == 2
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mymod", tmp_path / "mymod.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    softmax = mod.Softmax()
+    for row in out["rows"]:
+        c = row["counts"]
+        assert c["measured"] + c["failed"] + c["pruned"] == 40, c
+        assert c["measured"] >= 20, row
+        for reason in row["failures"]:
+            assert reason.startswith("compile time-out"), reason
+        tol = 1e-4 if row["dtype"] == "fp32" else 2e-2
+        assert row["max_abs_err"] <= tol + tol, row
+        assert row["latency_ms"] > 0 and row["speedup_vs_eager"] > 0
+        shape = dict(part.split("=") for part in row["shape"].split(","))
+        packs.configure([tmp_path / "packs"])
+        try:
+            got = packs.lookup(softmax, dtype=row["dtype"], hardware_key=row["hardware"],
+                               **{k: int(v) for k, v in shape.items()})
+        finally:
+            packs.configure(None)
+        assert {k: got[k] for k in row["params"]} == row["params"]
+    assert out["workers_replaced"] == 0 and out["trials_retried"] == 0
+    # 20 s of compile time-out bounds the slowest config; everything else is work.
+    assert wall < 240, (wall, out["timeline_s"])

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
 
+from harness import faults
 from harness.fleet.cluster import Cluster, NoHardwareError, check_placement, node_resources
 from harness.fleet.compile_service import plan_processes, start_services
 from harness.fleet.worker import Worker
@@ -134,9 +135,9 @@ class Workers(Cluster):
 
     def _options(self, key: str, name: str | None) -> dict[str, Any]:
         if key == "cpu":
-            return {"num_cpus": 1, "num_gpus": 0}
+            return {"num_cpus": 1, "num_gpus": 0, **faults.actor_env()}
         return {"num_cpus": 1, "num_gpus": 1,
-                "resources": {f"accelerator_type:{name or key}": 0.001}}
+                "resources": {f"accelerator_type:{name or key}": 0.001}, **faults.actor_env()}
 
     def _new_slot(self, key: str, replacing: bool = False) -> _Slot:
         name = self._pick_name(key)

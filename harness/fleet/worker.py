@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from harness import hardware
+from harness import faults, hardware
 from harness.fleet.cluster import normal_priority
 from harness.fleet.compile import (
     PRECOMPILE_WAIT_S,
@@ -131,6 +131,7 @@ class Worker:
         self._next = 0  # the oldest task not run yet
         self._ran: set[int] = set()  # tasks run ahead of an older one
         self._busy = False  # the loop is running a task
+        self._dropped = False  # a result dropped (fault injection: ``result_lost``)
         # Kept workers (keep_s > 0) outlive a run; a run leases one (``lease``).
         self.keep_s, self.version = keep_s, version
         self._lessee: str | None = None
@@ -242,6 +243,11 @@ class Worker:
             extra = out.setdefault("extra", {})
             extra.update(idle_s=idle_s, task_s=time.perf_counter() - t_task + ahead_s,
                          setup_s=extra.get("setup_s", 0.0) + ahead_s)
+            if method == "measure" and not self._dropped and faults.active("result_lost"):
+                self._dropped = True  # the driver never hears of this task
+                with self._cv:
+                    self._busy = False
+                continue
             with self._cv:
                 self._results[seq] = out
                 self._busy = False
