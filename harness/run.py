@@ -333,6 +333,7 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
         release()  # Ray itself, where this run started it and stops it
     summary.mark("mlflow_caught_up")
     summary.events += [f"MLflow: {e}" for e in log_errors[:5]]
+    summary.events += [f"Optuna: {e}" for e in storage.errors[:5]]
     _log_summary(tracker, fleet, summary, studies)
 
 

@@ -2,6 +2,31 @@
 process in order (``track.TrialLogger``), the studies' plots drawn by a second one, and,
 after a killed driver, the trials whose MLflow run it never wrote logged again
 (``reconcile``). The driver never waits on MLflow until the packs are frozen.
+
+Batches. What the driver logs (``trial``, ``log``, the records ``release`` lets go) is
+gathered and sent to the trial logger as one batch (``TrialLogger.apply``) whenever fewer
+than ``IN_FLIGHT`` of its batches are unanswered: one being written, one waiting, and
+whatever comes meanwhile goes into the next, so that the further the logger falls
+behind, the larger (and the cheaper per trial) its batches: on a database store a batch
+of trials is one transaction (``track.log_trial_records``).
+
+Order. A trial's record is held (``hold``) until the Optuna writer has stored its trial
+(``release(storage.poll_stored())``), so that MLflow never has a trial Optuna lost (a
+killed driver: ``--resume`` trusts Optuna and logs what MLflow lacks, ``reconcile``).
+Once the writer and the logger both keep pace, that order costs a trial one or two
+passes of the scheduler's loop and nothing at the end of a run (``storage.close()`` and
+``flush`` each wait for one last batch), so it stays: having the writer forward the
+records to the logger, or one process doing both, would save no measurable time and
+would tie the Optuna storage, which ``--resume`` depends on, to MLflow's failures.
+
+Waits. ``flush`` waits only while the loggers answer: a logger that answers no batch for
+``LOGGER_STALL_S`` (a batch is at most ``MAX_BATCH`` trials, seconds of work even one by
+one) is reported as an error that names the trials not logged, which ``kharness run
+--resume`` logs, and the run goes on: tracking never stops the tuning. During the search
+such a stall is logged as a warning.
+
+Testing aid: ``HARNESS_FAULTS=logger_hang`` makes the logger never answer (see
+``harness.tracking.tracker``); a test shows the run reporting it within seconds.
 """
 
 from __future__ import annotations
@@ -9,9 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
-import threading
-from collections.abc import Callable
+import time
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -23,49 +47,19 @@ from harness.tracking.tracker import (
     TrialLogger,
     git_sha,
     log_trial_record,
+    log_trial_records,
     start_trial_logger,
 )
 
 log = logging.getLogger(__name__)
 
-#: How long the end of a run waits for the MLflow logger to catch up.
-LOGGER_FLUSH_S = 300.0
-
-
-class _Background:
-    """Calls run in order on one thread of the driver (the MLflow logger's stand-in where
-    no Ray actor could be started for it)."""
-
-    def __init__(self) -> None:
-        self._q: queue.Queue = queue.Queue()
-        self.errors: list[str] = []
-        self._thread = threading.Thread(target=self._work, name="harness-mlflow", daemon=True)
-        self._thread.start()
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        self._q.put((fn, args, kwargs))
-
-    def _work(self) -> None:
-        while True:
-            item = self._q.get()
-            try:
-                if item is None:
-                    return
-                fn, args, kwargs = item
-                fn(*args, **kwargs)
-            except Exception as exc:  # tracking must not stop the tuning
-                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
-                log.warning("MLflow logging failed: %s", exc)
-            finally:
-                self._q.task_done()
-
-    def flush(self) -> None:
-        self._q.join()
-
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join()
-
+#: How long a logger may answer no batch before the end of a run gives up on it.
+LOGGER_STALL_S = 20.0
+#: Batches to the trial logger unanswered at once: one being written, one waiting.
+IN_FLIGHT = 2
+#: Operations per batch at most, so that answers come every few seconds even where the
+#: trials are logged one by one (a tracking server), and a stall is told from a batch.
+MAX_BATCH = 256
 
 #: Cores below which the trial logger draws the plots itself (no second process).
 SEPARATE_PLOTTER_CORES = 4
@@ -78,6 +72,30 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+class _Lane:
+    """Where one logger's calls go, answered in order: a Ray actor, or one thread of the
+    driver running a ``TrialLogger`` that shares the driver's Tracker."""
+
+    def __init__(self, name: str, actor: Any = None, local: TrialLogger | None = None) -> None:
+        self.name, self.actor, self.local = name, actor, local
+        self.pool = (futures.ThreadPoolExecutor(1, thread_name_prefix="harness-mlflow")
+                     if local is not None else None)
+        self.progress_at = time.monotonic()  # its last answer, or first call since
+        self.stalled = False
+
+    def call(self, method: str, *args: Any) -> futures.Future:
+        if self.actor is not None:
+            return getattr(self.actor, method).remote(*args).future()
+        return self.pool.submit(getattr(self.local, method), *args)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        if self.actor is not None:
+            ray.kill(self.actor)
+        else:
+            self.local.stop()  # type: ignore[union-attr]  # a hung call returns
+            self.pool.shutdown(wait=False, cancel_futures=True)  # type: ignore[union-attr]
+
+
 class Logs:
     """Where the search's MLflow logging goes, in order and off the driver's loop: a
     ``TrialLogger`` in a process of its own (``track.start_trial_logger``) for the
@@ -86,14 +104,20 @@ class Logs:
     process doing both fell seconds behind the trials); or one sharing the driver's
     Tracker on a thread: where no actor can be started, or ``processes=False`` (a run
     without GPUs, whose pace the interpreter sets: a process costs seconds of CPU to
-    start and import MLflow, on the machine that also runs the kernels)."""
+    start and import MLflow, on the machine that also runs the kernels). See the
+    module's docstring for batches, order and waits."""
 
     def __init__(self, tracker: Tracker, experiment_name: str, processes: bool = True) -> None:
         self._actor: Any = None
         self._plotter: Any = None
-        self._bg: _Background | None = None
         self.stats: dict[str, float] = {}  # TrialLogger.stats, as of the last flush
         self._held: dict[tuple[str, int], tuple[Path, dict[str, Any]]] = {}  # see ``hold``
+        self._pending: list[tuple] = []  # operations not sent yet, in order
+        self._inflight: list[tuple[futures.Future, int, _Lane]] = []  # (answer, trials, lane)
+        self._errors: list[str] = []
+        self._answers: dict[str, dict[str, Any]] = {}  # lane -> its last answer's stats
+        self._lost: str | None = None
+        lanes: list[_Lane] | None = None
         if processes:
             try:
                 # Where the driver's machine has few cores, a second process importing
@@ -103,14 +127,19 @@ class Logs:
                 self._actor = start_trial_logger(tracker.uri, experiment_name, plots=one)
                 self._plotter = (self._actor if one else
                                  start_trial_logger(tracker.uri, experiment_name, plots=True))
-                return
+                trials = _Lane("trials", actor=self._actor)
+                lanes = [trials, trials if one else _Lane("plots", actor=self._plotter)]
             except Exception as exc:
                 log.warning("MLflow logger process unavailable (%s): logging on a thread",
                             exc)
-        self._local = TrialLogger.sharing(tracker)
-        self._bg = _Background()
-        self._bg.call(self._local.warm_plots)
+        if lanes is None:
+            self._local = TrialLogger.sharing(tracker)
+            local = _Lane("trials", local=self._local)
+            local.pool.submit(self._local.warm_plots)  # type: ignore[union-attr]
+            lanes = [local, local]
+        self._trials, self._plots = lanes
 
+    # -- what the run logs ----------------------------------------------------------------
     def hold(self, key: tuple[str, int], trial_log: Path, rec: dict[str, Any]) -> None:
         """Log a trial's record once its trial is in the persistent storage (``release``
         with its (study, number)), so that MLflow never has a trial Optuna lost."""
@@ -120,57 +149,124 @@ class Logs:
         """Log the held records of the trials in ``stored`` (None: every one held)."""
         keys = list(self._held) if stored is None else [k for k in stored if k in self._held]
         for key in sorted(keys, key=lambda k: k[1]):
-            self.trial(*self._held.pop(key))
+            trial_log, rec = self._held.pop(key)
+            self._pending.append(("trial", str(trial_log), rec))
+        self._pump()
 
     def trial(self, trial_log: Path, rec: dict[str, Any]) -> None:
-        if self._actor is not None:
-            self._actor.trial.remote(str(trial_log), rec)
-        else:
-            self._bg.call(self._local.trial, str(trial_log), rec)  # type: ignore[union-attr]
+        self._pending.append(("trial", str(trial_log), rec))
+        self._pump()
 
     def log(self, run_id: str, params: dict[str, Any] | None = None,
             metrics: dict[str, Any] | None = None) -> None:
-        if self._actor is not None:
-            self._actor.log.remote(run_id, params=params, metrics=metrics)
-        else:
-            self._bg.call(self._local.log, run_id, params=params,  # type: ignore[union-attr]
-                          metrics=metrics)
+        self._pending.append(("log", run_id, params, metrics))
+        self._pump()
 
     def trial_plots(self, run_id: str, trials: list[Any], direction: str, title: str) -> None:
-        """Draw a study's plots from its trials (``TrialLogger.trial_plots``)."""
-        if self._plotter is not None:
-            self._plotter.trial_plots.remote(run_id, trials, direction, title)
-        else:
-            self._bg.call(self._local.trial_plots, run_id,  # type: ignore[union-attr]
-                          trials, direction, title)
+        """Draw a study's plots from its trials (``TrialLogger.trial_plots``), after
+        what was logged before."""
+        self._pump(everything=self._plots is self._trials)
+        self._call(self._plots, 0, "trial_plots", run_id, trials, direction, title)
+
+    # -- batches --------------------------------------------------------------------------
+    def _pump(self, everything: bool = False) -> None:
+        """Collect the answers in; send what is pending while fewer than ``IN_FLIGHT``
+        batches are unanswered (``everything``: all of it now)."""
+        self._collect()
+        busy = sum(lane is self._trials for _, _, lane in self._inflight)
+        while self._pending and (everything or busy < IN_FLIGHT):
+            ops, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            self._call(self._trials, sum(op[0] == "trial" for op in ops), "apply", ops)
+            busy += 1
+
+    def _call(self, lane: _Lane, trials: int, method: str, *args: Any) -> None:
+        if self._lost is not None:  # nothing more reaches a lost logger
+            return
+        if not any(lane is other for _, _, other in self._inflight):
+            lane.progress_at = time.monotonic()  # it was idle: its clock starts now
+        try:
+            answer = lane.call(method, *args)
+        except Exception as exc:  # a logger that can take no call is lost
+            self._lose(exc, trials)
+            return
+        self._inflight.append((answer, trials, lane))
+
+    def _collect(self) -> None:
+        """The answered batches' errors and figures; a stall or a lost logger noted."""
+        now = time.monotonic()
+        waiting = []
+        for i, (answer, trials, lane) in enumerate(self._inflight):
+            if not answer.done():
+                waiting.append((answer, trials, lane))
+                continue
+            lane.progress_at = now
+            if lane.stalled:
+                lane.stalled = False
+                log.warning("the MLflow %s logger answers again", lane.name)
+            try:
+                got = answer.result()
+                self._errors += got["errors"]
+                self._answers[lane.name] = got["stats"]
+            except Exception as exc:  # the logger died: what it had is reconciled
+                self._lose(exc, sum(t for _, t, _ in waiting)
+                           + sum(t for _, t, _ in self._inflight[i:]))
+        self._inflight = waiting if self._lost is None else []
+        for _, _, lane in waiting:
+            if not lane.stalled and now - lane.progress_at >= LOGGER_STALL_S:
+                lane.stalled = True
+                log.warning("%s", self._stall_message(lane))
+
+    def _not_logged(self) -> int:
+        return (sum(t for _, t, _ in self._inflight)
+                + sum(op[0] == "trial" for op in self._pending))
+
+    def _stall_message(self, lane: _Lane) -> str:
+        return (f"the MLflow {'' if lane.name == 'trials' else lane.name + ' '}logger answered "
+                f"no batch for {LOGGER_STALL_S:g} s ({self._not_logged()} trials not "
+                "logged; `kharness run --resume` logs them)")
+
+    def _lose(self, exc: BaseException, trials: int) -> None:
+        if self._lost is None:
+            not_logged = trials + sum(op[0] == "trial" for op in self._pending)
+            self._lost = (f"the MLflow logger was lost: {type(exc).__name__}: "
+                          f"{str(exc)[:200]} ({not_logged} trials not logged; "
+                          "`kharness run --resume` logs them)")
+            log.error("%s", self._lost)
+            self._errors.append(self._lost)
+            self._pending = []
 
     def flush(self) -> list[str]:
-        """Wait until every call so far has run; the errors they met."""
+        """Send everything and wait while the loggers answer, until every call so far has
+        run; the errors they met. A logger that answers no batch for ``LOGGER_STALL_S``
+        is an error (the trials it has not logged are named), not a wait without end."""
+        self._pump(everything=True)
+        self._call(self._trials, 0, "apply", [("flush",)])
+        if self._plots is not self._trials:
+            self._call(self._plots, 0, "apply", [("flush",)])
+        while self._inflight:
+            lanes = [lane for _, _, lane in self._inflight]
+            stalled = min(lanes, key=lambda lane: lane.progress_at)
+            left = stalled.progress_at + LOGGER_STALL_S - time.monotonic()
+            if left <= 0:
+                msg = self._stall_message(stalled)
+                log.error("%s", msg)
+                if msg not in self._errors:
+                    self._errors.append(msg)
+                break
+            futures.wait([a for a, _, _ in self._inflight], timeout=left,
+                         return_when=futures.FIRST_COMPLETED)
+            self._collect()
         if self._actor is None:
-            self._bg.call(self._local.flush)  # type: ignore[union-attr]
-            self._bg.flush()  # type: ignore[union-attr]
-            self.stats = self._local.stats()  # type: ignore[union-attr]
-            return self._local.errors + self._bg.errors  # type: ignore[union-attr]
-        try:
-            actors = self._actors()
-            errors = ray.get([a.flush.remote() for a in actors], timeout=LOGGER_FLUSH_S)
-            stats = ray.get([a.stats.remote() for a in actors], timeout=LOGGER_FLUSH_S)
-            trials, plots = stats[0], stats[-1]
-            self.stats = {**trials, "plots_s": plots["plots_s"],
+            self.stats = self._local.stats()
+        elif "trials" in self._answers:
+            plots = self._answers.get("plots", self._answers["trials"])
+            self.stats = {**self._answers["trials"], "plots_s": plots["plots_s"],
                           "plotter_ready_at": plots["ready_at"]}
-            return [e for group in errors for e in group]
-        except Exception as exc:  # the logger died or hangs: its trials are reconciled
-            return [f"the MLflow logger was lost: {type(exc).__name__}: {exc}"[:300]]
-
-    def _actors(self) -> list[Any]:
-        return [self._actor] if self._plotter is self._actor else [self._actor, self._plotter]
+        return list(self._errors)
 
     def close(self) -> None:
-        if self._actor is not None:
-            for actor in self._actors():
-                ray.kill(actor)
-        else:
-            self._bg.close()  # type: ignore[union-attr]
+        for lane in {id(lane): lane for lane in (self._trials, self._plots)}.values():
+            lane.close()
 
 
 def trial_record(st: Any, number: int, config: dict[str, Any],
@@ -204,10 +300,12 @@ def logged(trial_log: Path) -> dict[tuple[str, int], dict[str, Any]] | None:
 
 
 def reconcile(st: Any, tracker: Tracker, trial_log: Path,
-               logged: dict[tuple[str, int], dict[str, Any]]) -> int:
+              logged: dict[tuple[str, int], dict[str, Any]]) -> int:
     """Log the finished trials whose MLflow run a killed driver never wrote or never
-    completed."""
-    n = 0
+    completed: a noted run completed (or, never committed, written anew), the others
+    in batches (``log_trial_records``). Returns the trials logged; one that fails is
+    logged as a warning (tracking never stops the tuning)."""
+    noted, new = [], []
     for t in st.search.study.get_trials(deepcopy=False):
         status = t.user_attrs.get(ATTR_STATUS)
         if not t.state.is_finished() or status not in ("measured", "failed"):
@@ -215,9 +313,18 @@ def reconcile(st: Any, tracker: Tracker, trial_log: Path,
         rec = logged.get((st.spec.name, t.number))
         if rec is not None and rec["done"]:
             continue
-        log_trial_record(tracker, trial_log, trial_record(
-            st, t.number, dict(t.params), dict(t.user_attrs.get(ATTR_RESULT) or {}), status,
-            run=rec["run"] if rec else None))
-        n += 1
-    return n
-
+        record = trial_record(st, t.number, dict(t.params),
+                              dict(t.user_attrs.get(ATTR_RESULT) or {}), status,
+                              run=rec["run"] if rec else None)
+        (new if record["run"] is None else noted).append(record)
+    errors = []
+    for record in noted:
+        try:
+            log_trial_record(tracker, trial_log, record)
+        except Exception as exc:
+            errors.append(f"trial {record['number']}: {type(exc).__name__}: {exc}"[:300])
+    for i in range(0, len(new), MAX_BATCH):
+        errors += log_trial_records(tracker, trial_log, new[i:i + MAX_BATCH])
+    for error in errors:
+        log.warning("MLflow: reconciling %s: %s", st.spec.name, error)
+    return len(noted) + len(new) - len(errors)

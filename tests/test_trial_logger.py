@@ -139,13 +139,15 @@ def test_absolute_uri(tmp_path, monkeypatch):
 
 
 def test_history_points_are_written_in_batches(tmp_path, monkeypatch, empty_mlflow_db):
-    """The study run's history gets every measured trial's point, written
-    HISTORY_BATCH at a time and at the flush, not one write per trial."""
+    """Through the client (a tracking server), the study run's history gets every
+    measured trial's point, written HISTORY_BATCH at a time and at the flush, not one
+    write per trial."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
     monkeypatch.chdir(tmp_path)
     logger = track.TrialLogger(f"sqlite:///{empty_mlflow_db(tmp_path / 'h.db')}", "history")
+    monkeypatch.setattr(logger.tracker, "sql_store", lambda: None)  # the client's path
     logger.HISTORY_BATCH = batch = 4  # the class's 32, scaled down: the same code path
     try:
         writes = []
@@ -202,3 +204,156 @@ def test_bookkeeping_runs_in_processes_beside_gpus_and_as_told() -> None:
     assert not bookkeeping_processes(exp("auto"), ["cpu"])
     assert bookkeeping_processes(exp("processes"), ["cpu"])
     assert not bookkeeping_processes(exp("threads"), ["H200"])
+
+
+def _read_trials(client: MlflowClient, experiment_id: str, study_run: str) -> dict[str, dict]:
+    """The study run's trial runs as MlflowClient reads them back, by name: everything
+    but the run's own id (replaced where it shows, in the artifact location)."""
+    out = {}
+    for r in client.search_runs([experiment_id],
+                                filter_string=f"tags.mlflow.parentRunId = '{study_run}'"):
+        rid = r.info.run_id
+        out[r.info.run_name] = {
+            "tags": dict(r.data.tags), "params": dict(r.data.params),
+            "metrics": dict(r.data.metrics), "status": r.info.status,
+            "start": r.info.start_time, "end": r.info.end_time,
+            "stage": r.info.lifecycle_stage, "user": r.info.user_id,
+            "artifact_uri": r.info.artifact_uri.replace(rid, "<id>"),
+            "history": {k: [(m.value, m.timestamp, m.step)
+                            for m in client.get_metric_history(rid, k)]
+                        for k in r.data.metrics}}
+    return out
+
+
+def test_bulk_runs_read_back_as_the_clients(tmp_path, monkeypatch, empty_mlflow_db):
+    """A batch of trials written in one transaction of MLflow's SQL store
+    (``track._insert_trial_runs``) reads back through MlflowClient exactly as the same
+    trials logged through the client (create_run, log_batch, set_terminated): name,
+    tags (the parent included), params (a long one truncated alike), metrics and their
+    history, status, start and end, and the study run's latency history. It fails where
+    a new MLflow writes its runs otherwise."""
+    from harness.run_logging import logged
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{empty_mlflow_db(tmp_path / 'parity.db')}"
+    tracker = track.Tracker(uri, "parity")
+    assert tracker.sql_store() is not None  # the default store takes the bulk path
+    now = 1_750_000_000_123
+    monkeypatch.setattr(track, "_now_ms", lambda: now)  # one clock for both ways
+    client = MlflowClient(uri)
+    read: dict[str, dict] = {}
+    history: dict[str, tuple] = {}
+    for way in ("client", "bulk"):
+        study_run = tracker.start_run(f"study {way}", {"harness.level": "study"})
+        recs = [_record(study_run, n, "failed" if n == 2 else "measured") for n in range(5)]
+        recs[1]["config"]["long"] = "x" * 7000  # over MLflow's limit: truncated
+        recs[3]["status"] = "cut"  # a run, no history point
+        recs[4]["result"]["tflops"] = float("nan")  # not a metric
+        tracker._sql = False if way == "client" else None
+        assert (tracker.sql_store() is None) == (way == "client")
+        trial_log = tmp_path / f"{way}.jsonl"
+        assert track.log_trial_records(tracker, trial_log, recs) == []
+        read[way] = _read_trials(client, tracker.experiment_id, study_run)
+        for run in read[way].values():
+            assert run["tags"].pop("mlflow.parentRunId") == study_run
+        points = client.get_metric_history(study_run, track.HISTORY_METRIC)
+        history[way] = ([(m.step, m.value, m.timestamp) for m in points],
+                        client.get_run(study_run).data.metrics[track.HISTORY_METRIC])
+        # Each trial noted with its run, and done.
+        noted = logged(trial_log)
+        assert sorted(n for _, n in noted) == list(range(5))
+        assert all(v["done"] for v in noted.values())
+        assert {v["run"] for v in noted.values()} == {
+            r.info.run_id for r in client.search_runs(
+                [tracker.experiment_id], f"tags.mlflow.parentRunId = '{study_run}'")}
+    assert sorted(read["bulk"]) == [f"trial-{n}" for n in range(5)]
+    assert read["bulk"] == read["client"]
+    assert history["bulk"] == history["client"]
+    assert [s for s, _, _ in history["bulk"][0]] == [0, 1, 4]
+    run1 = read["bulk"]["trial-1"]
+    assert len(run1["params"]["long"]) == 6000 and run1["status"] == "FINISHED"
+    assert read["bulk"]["trial-2"]["status"] == "FAILED"
+    assert read["bulk"]["trial-0"]["tags"]["mlflow.runName"] == "trial-0"
+
+
+def test_a_killed_logger_neither_loses_nor_duplicates_a_trial(tmp_path, monkeypatch,
+                                                             empty_mlflow_db):
+    """A batch's run ids are noted before its transaction commits and marked done after:
+    a logger killed in between leaves ids that never existed, which the resume logs anew
+    (one run each); one killed after the commit leaves runs that the resume completes in
+    place (no second run)."""
+    from harness import run_logging
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{empty_mlflow_db(tmp_path / 'killed.db')}"
+    tracker = track.Tracker(uri, "killed")
+    study_run = tracker.start_run("study", {"harness.level": "study"})
+    trial_log = tmp_path / "trials.jsonl"
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # as a SIGKILL would, between the two notes
+
+    monkeypatch.setattr(track, "_insert_trial_runs", killed)
+    with pytest.raises(KeyboardInterrupt):
+        track.log_trial_records(tracker, trial_log, [_record(study_run, n) for n in (0, 1)])
+    monkeypatch.undo()
+    # Committed, then killed before the done notes.
+    real_append = track._append
+    monkeypatch.setattr(track, "_append", lambda path, records: (
+        real_append(path, records) if not records[0].get("done") else None))
+    track.log_trial_records(tracker, trial_log, [_record(study_run, n) for n in (2, 3)])
+    monkeypatch.undo()
+    noted = run_logging.logged(trial_log)
+    assert sorted(noted) == [("s", n) for n in range(4)] and not any(
+        v["done"] for v in noted.values())
+    # The resume logs each noted trial once, in its committed run where there is one.
+    for n in range(4):
+        track.log_trial_record(tracker, trial_log, {**_record(study_run, n),
+                                                    "run": noted[("s", n)]["run"]})
+    client = MlflowClient(uri)
+    runs = client.search_runs([tracker.experiment_id],
+                              f"tags.mlflow.parentRunId = '{study_run}'")
+    by_trial = {int(r.data.tags["harness.trial"]): r for r in runs}
+    assert len(runs) == 4 and sorted(by_trial) == [0, 1, 2, 3]
+    for n in (2, 3):  # completed in place
+        assert by_trial[n].info.run_id == noted[("s", n)]["run"]
+    for r in runs:
+        assert r.info.status == "FINISHED" and r.data.tags["hardware"] == "H200"
+        assert r.data.params["BLOCK"] and r.data.metrics["latency_ms"] > 0
+    after = run_logging.logged(trial_log)
+    assert all(v["done"] for v in after.values())
+    assert {v["run"] for v in after.values()} == {r.info.run_id for r in runs}
+
+
+def test_a_batch_the_store_refuses_is_logged_one_by_one(tmp_path, monkeypatch,
+                                                        empty_mlflow_db):
+    """Where the one transaction fails (a store that differs), the batch goes through
+    the client instead, every trial noted with the run it got; after BULK_FAILURES
+    failures in a row every batch does."""
+    from harness import run_logging
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{empty_mlflow_db(tmp_path / 'refused.db')}"
+    tracker = track.Tracker(uri, "refused")
+    study_run = tracker.start_run("study", {"harness.level": "study"})
+    trial_log = tmp_path / "trials.jsonl"
+    tries = []
+
+    def refuse(*a, **k):
+        tries.append(1)
+        raise RuntimeError("no such column")
+
+    monkeypatch.setattr(track, "_insert_trial_runs", refuse)
+    for b in range(track.BULK_FAILURES + 1):
+        recs = [_record(study_run, 2 * b + i) for i in (0, 1)]
+        assert track.log_trial_records(tracker, trial_log, recs) == []
+    assert len(tries) == track.BULK_FAILURES and tracker.sql_store() is None
+    client = MlflowClient(uri)
+    runs = client.search_runs([tracker.experiment_id],
+                              f"tags.mlflow.parentRunId = '{study_run}'")
+    noted = run_logging.logged(trial_log)
+    assert len(runs) == len(noted) == 2 * (track.BULK_FAILURES + 1)
+    assert all(v["done"] for v in noted.values())
+    assert {v["run"] for v in noted.values()} == {r.info.run_id for r in runs}
+    steps = [m.step for m in client.get_metric_history(study_run, track.HISTORY_METRIC)]
+    assert sorted(steps) == list(range(2 * (track.BULK_FAILURES + 1)))
