@@ -433,9 +433,7 @@ class Measurer:
                       compiled: bool = False) -> TrialResult:
         """Time the family's PyTorch implementation (the speed-up baseline)."""
         if compiled:
-            import torch
-
-            eager = torch.compile(kernel.eager)
+            eager = compiled_eager(kernel)
             return self.measure_fn(kernel, shape, dtype, seed, lambda i, s: lambda: eager(i, s))
         return self.measure_fn(kernel, shape, dtype, seed,
                                lambda i, s: lambda: kernel.eager(i, s))
@@ -486,6 +484,22 @@ class Measurer:
             compile_s=compile_s,
             timer=timer,
         )
+
+
+def compiled_eager(kernel: Kernel) -> Callable[..., Any]:
+    """``kernel.eager`` under torch.compile, specialized to each shape it sees (as a
+    served model's fixed shapes are), with room for a recompile per problem a worker
+    measures: past Dynamo's default limit (8) it would run the eager code instead,
+    silently. The same in a worker and in a compile child prebuilding it, so that the
+    child's build is the worker's cache hit."""
+    import torch
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # its name in newer and older torch
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 1024))
+    return torch.compile(kernel.eager, dynamic=False)
 
 
 def _classify(exc: BaseException) -> str:

@@ -176,7 +176,8 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     fleet = Fleet(Timing(exp.timing.warmup_ms, exp.timing.rep_ms), exp.timing.trial_timeout_s,
                   queue_depth=fs.queue_depth, compile_workers=fs.compile_workers,
                   max_retries=fs.max_retries, start_timeout_s=fs.start_timeout_s,
-                  keep_s=keep_s, version=_code_version(exp) if keep_s else "")
+                  keep_s=keep_s, version=_code_version(exp) if keep_s else "",
+                  compile_timeout_s=fs.compile_timeout_s)
     stopping: list[threading.Thread] = []
 
     def stop_ray() -> None:

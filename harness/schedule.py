@@ -56,6 +56,7 @@ class StudyState:
     default: dict[str, Any] | None = None  # the kernel's default config's result
     compiled: dict[str, Any] | None = None  # the eager code under torch.compile
     want_compile: bool = False  # whether this study times the torch.compile baseline
+    prebuilt: bool = False  # its torch.compile baseline was sent to be built off the GPU
     pending: set[str] = field(default_factory=set)  # work in flight outside the search
     failures: int = 0
     best_ms: float = math.inf
@@ -409,6 +410,11 @@ class Scheduler:
             task = self._task_for(st, slot, hw)
             if task is not None:
                 self.serving[slot] = st
+                if st.want_compile and not st.prebuilt:
+                    # Built by the node's compile service while the study searches, so
+                    # that its final rounds find Inductor's output in the caches.
+                    st.prebuilt = True
+                    self.fleet.prebuild(hw, st.spec.kernel, st.spec.shape, st.spec.dtype, 0)
                 return task
         return None
 

@@ -126,6 +126,11 @@ class FleetSettings(_Strict):
     compile_workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         "auto", description="processes per worker that compile queued configs ahead "
         "(0: compile on first launch; auto: the node's cores per GPU less one, at most 16)")
+    compile_timeout_s: float = Field(
+        30.0, gt=0, description="a config whose compile takes longer fails its trial as a "
+        "compile time-out, on the node's compile service (one that spills registers can "
+        "compile for minutes); configs compiled in the worker itself (compile_workers: 0, "
+        "or a family without compile_only) are bounded by timing.trial_timeout_s instead")
     max_retries: int = Field(2, ge=0, description="retries of a trial whose worker was lost")
     start_timeout_s: float = Field(600.0, gt=0, description="how long a worker may take to start")
     keep_workers_s: float = Field(

@@ -6,34 +6,99 @@ A family opts in with ``compile_only(inputs, shape, config)``: the same launch a
 launcher, compiled and not run (``JITFunction.warmup``), given inputs as meta tensors
 (layout and dtype, no memory). ``Precompiler`` is the process pool; one per node runs in
 that node's compile service (``harness.fleet.compile_service``), shared by its GPUs.
+
+Every compile has a time-out (``fleet.compile_timeout_s``): a config that compiles for
+longer (one that spills registers can take minutes) fails its trial as a compile time-out
+instead of holding a GPU's worker. The child's own timer (``SIGALRM``) interrupts the
+compile, ptxas included (``subprocess.run`` kills it when its wait is interrupted), and
+the child takes the next config; the pool records the time-out itself if the child does
+not answer (stuck in C code), and kills and replaces a child still stuck a grace later,
+without disturbing the other children's compiles.
+
+Fault injection, for tests (``harness.faults``): ``HARNESS_FAULTS`` holds comma-separated
+names, read when a compile is submitted (so a test may turn one on for some compiles only):
+
+- ``compile_hang``: the compile child sleeps forever inside the compile, deaf to its timer
+  (as if stuck in C code);
+- ``compile_lost``: the node's compile service records no outcome for the compile (as if
+  the message were lost; see ``harness.fleet.compile_service``).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ProcessPoolExecutor
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from harness import hardware
+from harness import faults, hardware
 from harness.search.keys import config_key
 
 log = logging.getLogger(__name__)
 
-#: How long a trial waits for its config's ahead-of-time compilation before compiling
-#: itself (the compile keeps going; only the wait is cut short).
-PRECOMPILE_WAIT_S = 120.0
+#: A config still compiling after this many seconds fails its trial as a compile time-out
+#: (the schema's ``fleet.compile_timeout_s`` default). A softmax holding 8 rows of 4096 in
+#: one warp's registers compiled for sm_90 in 35 s (fp32) and 109 s (bf16) on a CPU.
+COMPILE_TIMEOUT_S = 30.0
+#: How much longer than its time-out a compile may go unanswered before its waiter stops
+#: waiting and says so (the outcome's message, the service's queue or the service itself
+#: was lost).
+ANSWER_GRACE_S = 15.0
+#: How long after its time-out a child that has not answered is killed and replaced: its
+#: timer interrupts Python code and ptxas at once, but not a long call into LLVM.
+KILL_GRACE_S = 5.0
+#: The default bound of a wait for a compile at the default time-out (``wait``'s own
+#: default follows the pool's or the service's time-out).
+PRECOMPILE_WAIT_S = COMPILE_TIMEOUT_S + ANSWER_GRACE_S
 #: Niceness of the compile children. They are throughput work that fills every spare
 #: core; the driver, the GPU worker and Ray are latency work the GPU waits on, and with
 #: 14 children on 16 cores they were starved at a search's start (the GPU idled 0.6-1 s
 #: waiting for the driver at an H200 run's start).
 COMPILE_NICE = 10
+
+Key = tuple[str, str]  # (problem, config key)
+
+
+#: The key of a "config" that asks a compile child for a problem's torch.compile
+#: baseline instead of a kernel config (``CompileService.prebuild``).
+PREBUILD = "__prebuild__"
+
+
+def _prebuild(fam: Any, shape: dict, dtype: str, seed: int) -> None:
+    """Build ``fam``'s torch.compile baseline for one problem as a worker would, once,
+    on the node's first GPU (real inputs: Inductor runs what it generates), so that
+    Inductor's graph and kernels are in the node's caches when the worker builds its
+    own: the worker then holds its GPU for a cache hit, not for the build."""
+    # One process compiles: Inductor's own pool of compile workers per child would
+    # put hundreds of processes on a node.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    import torch
+
+    from harness.measure import compiled_eager
+
+    inputs = fam.make_inputs(shape, dtype, seed, "cuda")
+    compiled_eager(fam)(inputs, shape)
+    torch.cuda.synchronize()
+    del inputs
+    torch.cuda.empty_cache()
+
+
+def timeout_outcome(timeout_s: float, **extra: Any) -> dict[str, Any]:
+    """A compile's outcome when it ran past ``timeout_s``: the trial fails with its reason."""
+    return {"ok": False, "timeout": True, **extra,
+            "reason": f"compile time-out: still compiling after {timeout_s:g} s (a config "
+                      "that spills registers compiles for minutes)"}
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -75,9 +140,27 @@ def materialise(value: Any, device: str = "meta") -> Any:
     return value
 
 
-
-
 _CHILD: dict[str, Any] = {}  # problem -> inputs a compile child built (the last two)
+# A compile child's timer: ``armed`` while a compile runs, so that an alarm that comes once
+# the compile is over raises nothing; ``fired`` once it went off during the compile.
+_ALARM = {"armed": False, "fired": False}
+
+
+class CompileTimeout(TimeoutError):
+    """Raised in a compile child by its timer, inside the compile it interrupts."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    if _ALARM["armed"]:
+        _ALARM["fired"] = True
+        raise CompileTimeout("compile time-out")
+
+
+def _hang_forever() -> None:
+    """The ``compile_hang`` fault: a compile deaf to its timer, as one stuck in C code."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    while True:
+        time.sleep(3600)
 
 
 def pin_triton_cache_dir() -> str:
@@ -114,7 +197,7 @@ def _pool_context() -> Any:
 
 
 def _init_child(environ: dict[str, str]) -> None:
-    """Each compile child's initializer. A forkserver is started once per process, so its
+    """Each compile child's set-up. A forkserver is started once per process, so its
     children inherit the environment of that moment: take the pool owner's current one
     (cache directory, device selection, ...). Then yield the CPU to the processes the GPU
     waits on."""
@@ -145,12 +228,14 @@ def _warm_child() -> int:
     return os.getpid()
 
 
-def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any,
-                      config: dict) -> dict[str, Any]:
+def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any, config: dict,
+                      timeout_s: float = 0.0, hang: bool = False) -> dict[str, Any]:
     """Runs in a compile child: the family's ``compile_only`` for one config, on meta
     tensors. It compiles without launching or allocating, so it never touches the GPU the
-    parent is timing."""
+    parent is timing. ``timeout_s`` > 0: interrupted once it has run that long (from the
+    process's main thread, where signals are handled)."""
     t0 = time.perf_counter()
+    _ALARM["fired"] = False
     try:
         from harness import kernel_api
 
@@ -159,11 +244,86 @@ def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any,
             while len(_CHILD) >= 2:
                 _CHILD.pop(next(iter(_CHILD)))
             _CHILD[problem] = materialise(skel)
-        fam.compile_only(_CHILD[problem], shape, config)  # type: ignore[attr-defined]
-        return {"ok": True, "pid": os.getpid(), "compile_s": time.perf_counter() - t0}
+        if timeout_s > 0:
+            if signal.getsignal(signal.SIGALRM) is not _on_alarm:
+                signal.signal(signal.SIGALRM, _on_alarm)
+            _ALARM["armed"] = True
+            # Again every second after the first: a compiler that swallows one
+            # interruption meets the next.
+            signal.setitimer(signal.ITIMER_REAL, timeout_s, 1.0)
+        if hang:
+            _hang_forever()
+        if config.get(PREBUILD):
+            _prebuild(fam, shape, config["dtype"], config["seed"])
+        else:
+            fam.compile_only(_CHILD[problem], shape, config)  # type: ignore[attr-defined]
+        _ALARM["armed"] = False
+        out: dict[str, Any] = {"ok": True}
     except BaseException as exc:  # the parent measures this config anyway
-        return {"ok": False, "pid": os.getpid(), "compile_s": time.perf_counter() - t0,
-                "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+        _ALARM["armed"] = False
+        out = {"ok": False, "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+    finally:
+        _ALARM["armed"] = False
+        if timeout_s > 0:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    elapsed = time.perf_counter() - t0
+    if _ALARM["fired"]:  # whatever the compiler made of the interruption
+        return timeout_outcome(timeout_s, pid=os.getpid(), compile_s=elapsed)
+    return {**out, "pid": os.getpid(), "compile_s": elapsed}
+
+
+def _child_main(conn: Any, environ: dict[str, str]) -> None:
+    """A compile child: warm up, say so, then compile each config the pool sends until it
+    sends None or goes away."""
+    _init_child(environ)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        _warm_child()
+    except Exception as exc:  # the first config meets the error and reports it
+        log.warning("compile child warm-up failed: %s", exc)
+    try:
+        conn.send(("ready", os.getpid(), os.nice(0)))
+        while True:
+            task = conn.recv()
+            if task is None:
+                return
+            tid, args, timeout_s, hang = task
+            conn.send(("done", tid, _compile_in_child(*args, timeout_s=timeout_s, hang=hang)))
+    except (EOFError, OSError, KeyboardInterrupt):
+        return  # the pool is gone
+
+
+@dataclass(eq=False)
+class _Task:
+    """One config to compile, from its submission to its outcome."""
+
+    tid: int
+    key: Key
+    args: tuple
+    hang: bool  # the compile_hang fault
+    future: Future = field(default_factory=Future)
+    started: float | None = None  # when a child took it (monotonic)
+    timed_out: bool = False
+
+
+@dataclass(eq=False)
+class _Child:
+    """One compile process and the pool's end of its pipe."""
+
+    proc: Any
+    conn: Any
+    ready: bool = False  # warmed up: it takes a config at once
+    pid: int | None = None
+    nice: int | None = None
+    task: _Task | None = None
+    killed: bool = False
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    # Before multiprocessing's own exit handler, which joins every non-daemonic child.
+    pre = ref()
+    if pre is not None:
+        pre.close()
 
 
 class Precompiler:
@@ -172,90 +332,396 @@ class Precompiler:
     A family opts in with ``compile_only(inputs, shape, config)``: the same launch as its
     launcher, compiled and not run (``JITFunction.warmup``), given inputs as meta tensors
     (layout and dtype, no memory) on a machine whose GPU it may query. The children write
-    Triton's
-    on-disk cache, so the worker's own first launch of that config only loads the binary.
-    A failed or crashed compile is ignored: the worker's measurement compiles again and
-    reports the error as the trial's.
+    Triton's on-disk cache, so the worker's own first launch of that config only loads the
+    binary. A failed or crashed compile is reported, not fatal: the worker's measurement
+    compiles again and reports the error as the trial's. A compile past ``timeout_s`` is
+    the exception: its outcome (``timeout_outcome``) fails the trial.
+
+    The pool is its own: a thread hands one config at a time to each warmed-up child over
+    a pipe of its own, so it knows when each compile starts (its time-out counts from
+    there, not from the queue), records a time-out whether or not the child answers, and
+    kills and replaces a child stuck past it without disturbing the others (a
+    ``ProcessPoolExecutor`` breaks as a whole when one of its children dies).
+    ``on_start(key)`` is called as a child takes a config.
     """
 
     #: Outstanding compiles kept; the oldest are forgotten beyond this (never waited on).
     MAX_PENDING = 1024
+    #: A child's time-out is recorded this much after its own timer should have answered.
+    ANSWER_SLACK_S = 0.5
+    #: How long the pool waits before starting children again after one failed to start.
+    RESTART_S = 5.0
+    #: Failed starts in a row after which compiling ahead is given up.
+    MAX_START_FAILURES = 5
 
-    def __init__(self, processes: int):
+    def __init__(self, processes: int, timeout_s: float = COMPILE_TIMEOUT_S,
+                 on_start: Callable[[Key], None] | None = None,
+                 kill_grace_s: float | None = None) -> None:
         self.processes = processes
-        self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()
-        self._futures: dict[tuple[str, str], Future] = {}
+        self.timeout_s = timeout_s
+        self.kill_grace_s = KILL_GRACE_S if kill_grace_s is None else kill_grace_s
+        self.on_start = on_start
         self.submitted = 0
+        self.stats = {"timed_out": 0, "killed": 0, "lost": 0}
+        self._lock = threading.Lock()
+        self._futures: dict[Key, _Task] = {}  # for pending() and wait()
+        self._queue: deque[_Task] = deque()  # not yet taken by a child
+        self._children: list[_Child] = []
+        self._pump: threading.Thread | None = None
+        self._ctx: Any = None
+        self._environ: dict[str, str] = {}
+        self._wake_r = self._wake_w = -1
+        self._tids = 0
+        self._closed = False
+        self._broken = ""
+        self._start_failures = 0
+        self._retry_at = 0.0
+        self._progress = time.monotonic()  # the last start, outcome or ready child
 
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.processes, mp_context=_pool_context(),
-                                             initializer=_init_child,
-                                             initargs=(dict(os.environ),))
-        return self._pool
-
+    # -- the pool's life ----------------------------------------------------------------
     def start(self) -> None:
         """Start the children now (they take seconds to import torch and Triton), so
         that the first configs do not wait for them. Returns once the processes exist
         (with forkserver: once its preload is imported), not once they are warm."""
         with self._lock:
-            try:
-                pool = self._executor()
-                for _ in range(self.processes):
-                    pool.submit(_warm_child)
-            except Exception as exc:
-                log.warning("compile-ahead unavailable: %s", exc)
-                self._reset()
+            self._boot_locked()
 
-    def _reset(self) -> None:
-        pool, self._pool = self._pool, None
-        self._futures.clear()
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+    def _boot_locked(self) -> bool:
+        """Start the children and the thread that feeds them, once (under the lock)."""
+        if self._closed or self._broken or self.processes <= 0:
+            return False
+        if self._pump is not None:
+            return True
+        try:
+            self._ctx = _pool_context()
+            self._environ = dict(os.environ)
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_r, False)
+            os.set_blocking(self._wake_w, False)
+            for _ in range(self.processes):
+                self._children.append(self._spawn())
+        except Exception as exc:  # tried again on the next submit
+            log.warning("compile-ahead unavailable: %s", exc)
+            for ch in self._children:
+                ch.proc.kill()
+            self._children.clear()
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+            return False
+        self._progress = time.monotonic()
+        self._pump = threading.Thread(target=self._run, name="harness-compile-pool",
+                                      daemon=True)
+        self._pump.start()
+        atexit.register(_close_at_exit, weakref.ref(self))
+        return True
 
+    def _spawn(self) -> _Child:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_child_main, args=(child, self._environ),
+                                 name="harness-compile", daemon=False)
+        try:
+            proc.start()
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        return _Child(proc, parent)
+
+    def _poke(self) -> None:
+        """Wake the feeding thread (a new config, a close)."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # full (it is awake anyway) or closed
+            pass
+
+    # -- the interface ------------------------------------------------------------------
     def submit(self, problem: str, kernel: str, shape: Mapping[str, int], skel: Any,
                configs: Iterable[Mapping[str, Any]]) -> None:
+        hang = faults.active("compile_hang")
         with self._lock:
+            if not self._boot_locked():
+                return
             for config in configs:
                 key = (problem, config_key(config))
                 if key in self._futures:
                     continue
-                try:
-                    self._futures[key] = self._executor().submit(
-                        _compile_in_child, kernel, dict(shape), problem, skel, dict(config))
-                    self.submitted += 1
-                except Exception as exc:  # a broken pool: start over on the next call
-                    log.warning("compile-ahead unavailable: %s", exc)
-                    self._reset()
-                    return
+                self._tids += 1
+                task = _Task(self._tids, key, (kernel, dict(shape), problem, skel,
+                                               dict(config)), hang)
+                self._futures[key] = task
+                self._queue.append(task)
+                self.submitted += 1
             while len(self._futures) > self.MAX_PENDING:
                 self._futures.pop(next(iter(self._futures)))
+        self._poke()
 
     def pending(self, problem: str, config: Mapping[str, Any]) -> Future | None:
         """The compile of ``config`` under way or done, left for ``wait`` to collect."""
         with self._lock:
-            return self._futures.get((problem, config_key(config)))
+            task = self._futures.get((problem, config_key(config)))
+        return None if task is None else task.future
 
     def wait(self, problem: str, config: Mapping[str, Any],
-             timeout_s: float = PRECOMPILE_WAIT_S) -> dict[str, Any] | None:
-        """The ahead-of-time compile's outcome for ``config`` (None: none was started)."""
+             timeout_s: float | None = None) -> dict[str, Any] | None:
+        """The ahead-of-time compile's outcome for ``config`` (None: none was started).
+        ``timeout_s`` (default: the time-out and ``ANSWER_GRACE_S``) bounds the wait; a
+        compile that started resolves within its time-out, so only one still queued
+        behind others is left waiting, and the outcome says so."""
         with self._lock:
-            fut = self._futures.pop((problem, config_key(config)), None)
-        if fut is None:
+            task = self._futures.pop((problem, config_key(config)), None)
+        if task is None:
             return None
+        limit = self.timeout_s + ANSWER_GRACE_S if timeout_s is None else timeout_s
         try:
-            return fut.result(timeout=timeout_s)
+            return task.future.result(timeout=limit)
         except FutureTimeout:
-            return {"ok": False, "reason": f"still compiling after {timeout_s:g} s"}
-        except Exception as exc:  # a child died (compiler crash): new children next time
-            with self._lock:
-                self._reset()
-            return {"ok": False, "reason": f"compile child lost: {type(exc).__name__}"}
+            if task.started is None:
+                return {"ok": False,
+                        "reason": f"not compiled after {limit:g} s: queued behind other "
+                                  "compiles"}
+            return {"ok": False, "reason": f"still compiling after {limit:g} s"}
+
+    def stalled_s(self) -> float:
+        """How long configs have waited for a child with none started or finished (0:
+        none waits)."""
+        with self._lock:
+            return time.monotonic() - self._progress if self._queue else 0.0
+
+    def children(self) -> list[dict[str, Any]]:
+        """Each compile process: its pid, niceness, and whether it is warm and busy."""
+        with self._lock:
+            return [{"pid": ch.pid, "nice": ch.nice, "ready": ch.ready,
+                     "busy": ch.task is not None} for ch in self._children]
 
     def close(self) -> None:
+        """End the children (a busy one is killed: Triton writes its cache files whole, by
+        renaming) and fail the compiles not done."""
         with self._lock:
-            self._reset()
+            if self._closed:
+                return
+            self._closed = True
+            children, self._children = self._children, []
+            tasks = list(self._queue) + [ch.task for ch in children if ch.task is not None]
+            self._queue.clear()
+            self._futures.clear()
+            pump = self._pump
+        self._poke()
+        for task in tasks:
+            self._resolve(task, {"ok": False, "reason": "the compile pool was closed"})
+        for ch in children:
+            if ch.ready and ch.task is None:
+                try:
+                    ch.conn.send(None)
+                except OSError:
+                    ch.proc.kill()
+            else:
+                ch.proc.kill()
+        for ch in children:
+            ch.proc.join(timeout=2.0)
+            if ch.proc.is_alive():
+                ch.proc.kill()
+                ch.proc.join(timeout=1.0)
+        if pump is not None and pump is not threading.current_thread():
+            pump.join(timeout=2.0)
+        for ch in children:
+            ch.conn.close()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+
+    # -- the feeding thread -------------------------------------------------------------
+    def _resolve(self, task: _Task, out: dict[str, Any]) -> None:
+        """Give ``task`` its outcome, once (never under the lock: the future's callbacks
+        may submit more)."""
+        try:
+            task.future.set_result(out)
+        except InvalidStateError:  # the time-out came first
+            return
+        if out.get("timeout"):
+            with self._lock:
+                self.stats["timed_out"] += 1
+
+    def _run(self) -> None:
+        from multiprocessing.connection import wait as mp_wait
+
+        while True:
+            try:
+                with self._lock:
+                    if self._closed:
+                        return
+                    plan = self._plan_locked(time.monotonic())
+                    watch: dict[Any, _Child] = {}
+                    for ch in self._children:
+                        watch[ch.conn] = ch
+                        watch[ch.proc.sentinel] = ch
+                    wake = self._wake_r
+                resolved, kills, sends, missing, wait_s = plan
+                for task, out in resolved:
+                    self._resolve(task, out)
+                for ch in kills:
+                    log.warning("compile child %s still busy %g s past its %g s time-out: "
+                                "killed, a new one replaces it", ch.pid, self.kill_grace_s,
+                                self.timeout_s)
+                    ch.proc.kill()
+                for ch, task in sends:
+                    self._send(ch, task)
+                if missing:
+                    self._respawn(missing)
+                    continue
+                ready = mp_wait([*watch, wake], timeout=wait_s)
+                dead: list[_Child] = []
+                for obj in ready:
+                    if obj == wake:
+                        try:
+                            os.read(wake, 4096)
+                        except OSError:
+                            pass
+                        continue
+                    ch = watch[obj]
+                    if ch in dead:
+                        continue
+                    if obj is ch.conn and self._drain(ch):
+                        continue
+                    dead.append(ch)
+                for ch in dead:
+                    self._bury(ch)
+            except Exception:  # never a silent stop: the pool goes on
+                log.exception("compile pool")
+                time.sleep(1.0)
+
+    def _plan_locked(self, now: float) -> tuple:
+        """What the feeding thread does next: time-outs to record, stuck children to kill,
+        configs to hand to idle children, children to start, and how long it may sleep."""
+        resolved: list[tuple[_Task, dict[str, Any]]] = []
+        kills: list[_Child] = []
+        sends: list[tuple[_Child, _Task]] = []
+        wait_s = 30.0
+        for ch in self._children:  # first, so that the deadlines below count these too
+            task = self._take_locked(ch, now)
+            if task is not None:
+                sends.append((ch, task))
+        for ch in self._children:
+            task = ch.task
+            if task is None or task.started is None:
+                continue
+            due = task.started + self.timeout_s + self.ANSWER_SLACK_S
+            if not task.timed_out:
+                if now >= due:
+                    task.timed_out = True
+                    resolved.append((task, timeout_outcome(self.timeout_s, pid=ch.pid)))
+                else:
+                    wait_s = min(wait_s, due - now)
+            if not ch.killed:
+                if now >= due + self.kill_grace_s:
+                    ch.killed = True
+                    self.stats["killed"] += 1
+                    kills.append(ch)
+                else:
+                    wait_s = min(wait_s, due + self.kill_grace_s - now)
+        if self._start_failures >= self.MAX_START_FAILURES and not self._broken:
+            self._broken = f"{self._start_failures} compile children in a row failed to start"
+            log.warning("compile-ahead off: %s; configs compile in the workers", self._broken)
+        if self._broken:
+            out = {"ok": False, "reason": f"compile-ahead off: {self._broken}"}
+            resolved.extend((task, out) for task in self._queue)
+            self._queue.clear()
+            return resolved, kills, sends, 0, wait_s
+        missing = self.processes - len(self._children)
+        if missing > 0 and now < self._retry_at:
+            wait_s = min(wait_s, self._retry_at - now)
+            missing = 0
+        return resolved, kills, sends, max(0, missing), max(0.0, wait_s)
+
+    def _drain(self, ch: _Child) -> bool:
+        """Read what ``ch`` sent; False once its pipe is closed (it ended)."""
+        try:
+            while ch.conn.poll():
+                self._message(ch, ch.conn.recv())
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _message(self, ch: _Child, msg: tuple) -> None:
+        done: tuple[_Task, dict[str, Any]] | None = None
+        nxt: _Task | None = None
+        with self._lock:
+            now = time.monotonic()
+            self._progress = now
+            if msg[0] == "ready":
+                ch.ready, ch.pid, ch.nice = True, msg[1], msg[2]
+                self._start_failures = 0
+            elif msg[0] == "done" and ch.task is not None and ch.task.tid == msg[1]:
+                done, ch.task = (ch.task, msg[2]), None
+            nxt = self._take_locked(ch, now)
+        # The child's next config first, its outcome after: the outcome's callbacks (the
+        # service, its clients) would otherwise leave the child idle meanwhile, and a
+        # burst of short compiles reach the workers in more answers.
+        if nxt is not None:
+            self._send(ch, nxt)
+        if done is not None:
+            self._resolve(*done)
+
+    def _take_locked(self, ch: _Child, now: float) -> _Task | None:
+        """Give the idle, warm child ``ch`` the oldest queued config (under the lock)."""
+        if not self._queue or self._broken or not ch.ready or ch.task is not None \
+                or ch.killed or ch not in self._children:
+            return None
+        task = self._queue.popleft()
+        ch.task, task.started = task, now
+        self._progress = now
+        return task
+
+    def _send(self, ch: _Child, task: _Task) -> None:
+        try:
+            ch.conn.send((task.tid, task.args, self.timeout_s, task.hang))
+        except OSError:  # it died: its sentinel says so next
+            pass
+        if self.on_start is not None:
+            self.on_start(task.key)
+
+    def _bury(self, ch: _Child) -> None:
+        """A child ended (killed, crashed): fail its compile, if not done, and let a new
+        one take its place."""
+        self._drain(ch)  # an outcome sent before it ended counts
+        with self._lock:
+            if ch in self._children:
+                self._children.remove(ch)
+            task, ch.task = ch.task, None
+            if not ch.ready and not ch.killed:  # died while starting: not too fast again
+                self._start_failures += 1
+                self._retry_at = time.monotonic() + self.RESTART_S
+            self._progress = time.monotonic()
+        ch.proc.join(timeout=1.0)
+        ch.conn.close()
+        if not ch.killed:
+            log.warning("compile child %s ended (exit code %s)", ch.pid, ch.proc.exitcode)
+        if task is not None and not task.future.done():
+            with self._lock:
+                self.stats["lost"] += 1
+            self._resolve(task, {"ok": False, "pid": ch.pid, "reason": "compile child lost: "
+                                 f"exit code {ch.proc.exitcode}"})
+
+    def _respawn(self, n: int) -> None:
+        """Start ``n`` children in place of those that ended."""
+        for _ in range(n):
+            try:
+                ch = self._spawn()
+            except Exception as exc:
+                log.warning("a compile child could not start: %s", exc)
+                with self._lock:
+                    self._start_failures += 1
+                    self._retry_at = time.monotonic() + self.RESTART_S
+                return
+            with self._lock:
+                if not self._closed:
+                    self._children.append(ch)
+                    continue
+            ch.proc.kill()
+            return
 
 
 def gpu_device_nodes() -> bool:

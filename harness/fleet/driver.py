@@ -16,6 +16,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayTaskError
 
+from harness.fleet.compile import COMPILE_TIMEOUT_S
 from harness.fleet.slots import _LOST, Task, Workers, _Slot
 from harness.measure import Timing, TrialResult
 
@@ -36,13 +37,14 @@ class Fleet(Workers):
                  queue_depth: int | str = 2, compile_workers: int | str = 0,
                  max_retries: int = MAX_RETRIES,
                  start_timeout_s: float = 600.0, keep_s: float = 0.0, version: str = "",
-                 run_id: str = ""):
+                 run_id: str = "", compile_timeout_s: float = COMPILE_TIMEOUT_S):
         """``queue_depth``: tasks each worker holds at once ("auto": its share of its
         node's compile processes + 2); the rest as ``Workers``."""
         super().__init__({"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms,
                           "cpu_reps": timing.cpu_reps},
                          compile_workers=compile_workers, start_timeout_s=start_timeout_s,
-                         keep_s=keep_s, version=version, run_id=run_id)
+                         keep_s=keep_s, version=version, run_id=run_id,
+                         compile_timeout_s=compile_timeout_s)
         self.trial_timeout_s = trial_timeout_s
         self.queue_depth = queue_depth
         self.max_retries = max_retries
@@ -84,6 +86,16 @@ class Fleet(Workers):
     def depth(self, key: str) -> int:
         """Tasks the running workers of ``key`` hold at once (queued and running)."""
         return sum(self._depth(s) for s in self._ready(key))
+
+    def prebuild(self, key: str, kernel: str, shape: dict, dtype: str, seed: int) -> None:
+        """Have the compile services of the nodes hosting ``key`` build a problem's
+        torch.compile baseline off the GPUs (``CompileService.prebuild``): a worker's own
+        build then finds Inductor's graph and kernels in the node's caches, instead of
+        holding its GPU for seconds. Nothing waits for it: a worker that comes first
+        builds as before."""
+        for node, svc in self.services.items():
+            if self.nodes.get(node) == key:
+                svc.prebuild.remote(kernel, dict(shape), dtype, seed)
 
     def in_flight(self) -> int:
         return sum(len(s.queue) for s in self.slots) + len(self._requeue)

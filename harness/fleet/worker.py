@@ -105,6 +105,7 @@ class Worker:
         # own study's last ones compile, and comes back without rebuilding its inputs.
         self.measurer = Measurer(Timing(**timing), keep=2)
         self._peaks: dict[str, float] | None = None
+        self._inductor = False  # torch.compile's modules imported (``_idle_work``)
         self.poisoned = ""  # why the device context cannot be trusted any more
         # Loading ahead: while one config is timed, a thread brings the next queued
         # config's binary into this process (see _load_ahead).
@@ -326,8 +327,8 @@ class Worker:
     def _compiling(self, task: tuple[str, tuple]) -> Future | None:
         """The ahead-of-time compile of a queued measurement (None: a baseline, or a
         config not compiled ahead, or one whose problem's inputs are not known yet). Its
-        completion wakes the task loop. Never called with ``_cv`` held: the compile
-        client completes futures under its own lock."""
+        completion wakes the task loop. Never called with ``_cv`` held (its callback
+        takes it)."""
         method, args = task
         if method != "measure" or self.pre is None:
             return None
@@ -426,16 +427,28 @@ class Worker:
         return False
 
     def _idle_work(self) -> bool:
-        """Work for a GPU that would wait for compiles: the device's peaks (the
-        roofline's ceilings, cached on disk per device), once; whether it did any."""
-        if self._peaks is not None or self.pre is None:
+        """Work for a GPU that would wait for compiles, each once: the device's peaks
+        (the roofline's ceilings, cached on disk per device), then torch.compile's own
+        import (seconds, which a study's first torch.compile baseline would otherwise
+        pay while it holds the GPU); whether it did any."""
+        if self.pre is None:
             return False
-        try:
-            self.peaks()
-        except Exception as exc:  # the next idle moment, or a baseline, tries again
-            log.warning("measuring the device's peaks failed: %s", exc)
-            self._peaks = {}
-        return True
+        if self._peaks is None:
+            try:
+                self.peaks()
+            except Exception as exc:  # a baseline tries again
+                log.warning("measuring the device's peaks failed: %s", exc)
+                self._peaks = {}
+            return True
+        if not self._inductor and not self.spec.interpreted:
+            self._inductor = True
+            try:
+                import torch._dynamo  # noqa: F401
+                import torch._inductor.compile_fx  # noqa: F401
+            except Exception as exc:  # the baseline imports it, or reports why not
+                log.warning("importing torch.compile failed: %s", exc)
+            return True
+        return False
 
     def peaks(self) -> dict[str, float]:
         from harness.measure import device_peaks
