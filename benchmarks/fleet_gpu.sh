@@ -81,7 +81,7 @@ if want quickstart; then
     0 "${QUICKSTART_S:-90}"
   dir="$WORK/quickstart-warm"; mkdir -p "$dir"
   fleet_up 0
-  for i in 1 2 3; do
+  for i in $(seq 1 "${WARM_RUNS:-3}"); do
     RAY_AUTH_MODE=token one_run "quickstart_warm$i" "$ROOT/configs/quickstart.yaml" 0 \
       "${QUICKSTART_S:-90}" --fresh --set fleet.keep_workers_s=600
   done

@@ -484,6 +484,11 @@ class Precompiler:
                                   "compiles"}
             return {"ok": False, "reason": f"still compiling after {limit:g} s"}
 
+    def backlog(self) -> int:
+        """Configs waiting for a free child."""
+        with self._lock:
+            return len(self._queue)
+
     def stalled_s(self) -> float:
         """How long configs have waited for a child with none started or finished (0:
         none waits)."""

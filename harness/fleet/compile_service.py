@@ -75,10 +75,12 @@ SERVICE_NS = "kharness-compile"
 CLIENT_FORGET_S = 600.0
 #: An answer about outcomes waits this long for one more (a burst of short compiles goes
 #: out whole), at most ``BATCH_MAX_S`` in all.
-#: A twin compile (the same config at another shape) waits at most this long after its
-#: group's first compile started: where that one is slow (a config that spills registers,
-#: whose binary differs at each shape), the twins compile beside it instead of in a chain.
-PARK_MAX_S = 2.0
+#: A twin compile (the same config at another shape) waits for its group's first compile;
+#: where that one takes longer than this and a child is free, the twins compile beside it
+#: instead of after it (a config whose binary differs at each shape). Where the first
+#: times out, its twins still waiting fail as it did, without holding a child for the
+#: time-out each (a config that spills registers at one shape does at the next).
+PARK_MAX_S = 3.0
 BATCH_S = 0.005
 BATCH_MAX_S = 0.05
 
@@ -246,7 +248,16 @@ class _Service:
             timer.start()
 
     def _unpark(self, key: Key) -> None:
-        """Start the twins still waiting for ``key``, their group's first compile."""
+        """Start the twins still waiting for ``key``, their group's first compile, where a
+        child is free; else look again later (the queue's own work goes first)."""
+        if self.pre.backlog():
+            with self._cv:
+                waiting = key in self._watched
+            if waiting:
+                timer = threading.Timer(PARK_MAX_S, self._unpark, args=(key,))
+                timer.daemon = True
+                timer.start()
+            return
         with self._cv:
             groups = [g for g, k in self._first.items() if k == key and g in self._parked]
             parked = [p for g in groups for p in self._parked.pop(g)]
@@ -290,7 +301,11 @@ class _Service:
             self._warm.add(group)
             parked = self._parked.pop(group, [])
         for p_key, kernel, shape, skel, p_config in parked:
-            self._start(p_key, kernel, shape, skel, p_config)
+            if out.get("timeout"):
+                self._done(p_key, p_config, {**out, "reason": out["reason"] + (
+                    "; the same config at another shape, not compiled again")})
+            else:
+                self._start(p_key, kernel, shape, skel, p_config)
 
     def _record(self, key: Key, out: dict[str, Any]) -> None:
         with self._cv:

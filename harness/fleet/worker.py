@@ -79,6 +79,10 @@ class Worker:
             self.startup_s[name] = round(now - tick[0], 2)
             tick[0] = now
 
+        # torch.compile baselines compile in this process: Inductor's own pool of compile
+        # processes (one per core) would start beside the node's compile service for
+        # seconds, to build kernels the service has mostly built already (``prebuild``).
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         ctx = ray.get_runtime_context()
         gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
         pin_triton_cache_dir()  # where the node's compile service writes the binaries
