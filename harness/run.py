@@ -258,10 +258,13 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
     # MLflow and Optuna start up while the workers do (each takes seconds).
     procs = bookkeeping_processes(exp, targets)
     planned_f.set_result((planned, procs))
+    # The logger processes start now, beside the workers: ready when the first trials are.
+    loggers = (_start_loggers(exp) if procs else None)
     tracker = tracker_f.result()
     summary.tracking_uri = tracker.uri
     # The search's MLflow logger starts (its own process: seconds) while the workers do.
-    logs = Logs(tracker, exp.tracking.experiment or exp.name, processes=procs)
+    logs = Logs(tracker, exp.tracking.experiment or exp.name, processes=procs,
+                started=loggers)
     summary.mark("tracking_ready")
     targets, infos = _started(targets, fleet, console, summary)
     summary.mark("workers_ready")
@@ -478,6 +481,19 @@ def _tracker_once_valid(checked: Future, exp: experiment.Experiment) -> Tracker 
     if checked.exception() is not None:
         return None
     return Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
+
+
+def _start_loggers(exp: experiment.Experiment) -> tuple[Any, Any] | None:
+    """The MLflow logger processes, started before the run's Tracker exists; None where
+    they cannot be (``Logs`` then logs on a thread)."""
+    from harness.tracking.tracker import tracking_uri
+
+    try:
+        return run_logging.start_loggers(tracking_uri(exp.tracking.uri),
+                                         exp.tracking.experiment or exp.name)
+    except Exception as exc:
+        log.warning("MLflow logger processes unavailable (%s)", exc)
+        return None
 
 
 def _storage_once_planned(checked: Future, planned_f: Future, exp: experiment.Experiment,

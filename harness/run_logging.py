@@ -107,7 +107,10 @@ class Logs:
     start and import MLflow, on the machine that also runs the kernels). See the
     module's docstring for batches, order and waits."""
 
-    def __init__(self, tracker: Tracker, experiment_name: str, processes: bool = True) -> None:
+    def __init__(self, tracker: Tracker, experiment_name: str, processes: bool = True,
+                 started: tuple[Any, Any] | None = None) -> None:
+        """``started``: the logger processes ``start_loggers`` started earlier (as Ray
+        comes up, so that they are ready when the first trials are)."""
         self._actor: Any = None
         self._plotter: Any = None
         self.stats: dict[str, float] = {}  # TrialLogger.stats, as of the last flush
@@ -124,9 +127,8 @@ class Logs:
                 # the plotting code competes with the workers' start-up: one draws the
                 # plots too.
                 one = _cores() < SEPARATE_PLOTTER_CORES
-                self._actor = start_trial_logger(tracker.uri, experiment_name, plots=one)
-                self._plotter = (self._actor if one else
-                                 start_trial_logger(tracker.uri, experiment_name, plots=True))
+                self._actor, self._plotter = started or start_loggers(tracker.uri,
+                                                                      experiment_name)
                 trials = _Lane("trials", actor=self._actor)
                 lanes = [trials, trials if one else _Lane("plots", actor=self._plotter)]
             except Exception as exc:
@@ -267,6 +269,15 @@ class Logs:
     def close(self) -> None:
         for lane in {id(lane): lane for lane in (self._trials, self._plots)}.values():
             lane.close()
+
+
+def start_loggers(uri: str, experiment_name: str) -> tuple[Any, Any]:
+    """The run's MLflow logger processes (the trials', and the plots' where the driver's
+    machine has the cores for a second one): each takes seconds to start and import
+    MLflow, so a run starts them as soon as Ray is up and hands them to ``Logs``."""
+    one = _cores() < SEPARATE_PLOTTER_CORES
+    trials = start_trial_logger(uri, experiment_name, plots=one)
+    return trials, (trials if one else start_trial_logger(uri, experiment_name, plots=True))
 
 
 def trial_record(st: Any, number: int, config: dict[str, Any],

@@ -42,7 +42,8 @@ COSTLIEST_FIRST = [
     "test_fleet_cluster", "test_minigpt_block", "test_fleet_jobs", "test_grouped_gemm",
     "test_fleet_nodes", "test_fleet_scaling", "test_remeasure", "test_trial_logger",
     "test_grouped_gemm_gluon", "test_fleet_resume", "test_bench", "test_report",
-    "test_tracking_server", "test_pipeline", "test_search_valid", "test_packs_s3",
+    "test_tracking_server", "test_pipeline", "test_lost_wakeups", "test_compile_timeout",
+    "test_bookkeeping_faults", "test_search_valid", "test_packs_s3",
 ]
 
 

@@ -108,9 +108,7 @@ class Tracker:
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(self.uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = (exp.experiment_id if exp is not None
-                              else self.client.create_experiment(experiment))
+        self.experiment_id = _experiment_id(self.client, experiment)
         self._sql: Any = None  # MLflow's SQL store (``sql_store``); False: none
         self._bulk_failures = 0
         self._pool: ThreadPoolExecutor | None = None
@@ -229,6 +227,23 @@ class Tracker:
 
     def finish(self, run_id: str, ok: bool = True) -> None:
         self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+
+
+def _experiment_id(client: Any, name: str) -> str:
+    """The MLflow experiment ``name``'s id, created where missing. The run's driver and
+    its logger processes start at once: where another created it first, it is read."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 def absolute_uri(uri: str) -> str:
