@@ -509,6 +509,12 @@ class NodeCompiler:
             self._defaults[problem] = defaults
         return {**defaults, **config}
 
+    def warm(self) -> bool:
+        """Whether the service has started or finished a compile of this worker's: until
+        then its compile processes may still be starting (seconds after the worker)."""
+        with self._lock:
+            return bool(self._began) or any(f.done() for f in self._futures.values())
+
     def _unanswered(self, key: Key, now: float) -> dict[str, Any]:
         return {"ok": False, "reason": f"the compile service on node {self.node} did not "
                 f"answer for this config within {now - self._sent.get(key, now):.0f} s"}

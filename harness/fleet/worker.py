@@ -137,6 +137,8 @@ class Worker:
         self._ran: set[int] = set()  # tasks run ahead of an older one
         self._busy = False  # the loop is running a task
         self._dropped = False  # a result dropped (fault injection: ``result_lost``)
+        self._head_since: tuple[int, float] | None = None  # the oldest task, since when
+        self._here: set[int] = set()  # tasks that compile in this worker (_compile_here)
         # Kept workers (keep_s > 0) outlive a run; a run leases one (``lease``).
         self.keep_s, self.version = keep_s, version
         self._lessee: str | None = None
@@ -397,10 +399,42 @@ class Worker:
                 return ready
             if not block:
                 return None
-            if self._prepare_queued(queued) or self._idle_work():
+            if self._prepare_queued(queued):
                 continue
+            if self._compile_here(queued[0]):
+                return head
+            if self._idle_work():
+                continue
+            # Woken by a task or a compile; while the service starts, also when the GPU
+            # has waited long enough to compile the oldest config itself.
+            left = (None if self._head_since is None or self.pre is None or self.pre.warm()
+                    else max(0.0, self._head_since[1] + self.SELF_COMPILE_AFTER_S
+                             - time.monotonic()))
             with self._cv:
-                self._cv.wait_for(lambda g=gen: self._gen != g)
+                self._cv.wait_for(lambda g=gen: self._gen != g, timeout=left)
+
+    #: How long the GPU waits on a node's compile service that has compiled nothing for
+    #: this worker yet before it compiles its oldest config itself.
+    SELF_COMPILE_AFTER_S = 1.0
+
+    def _compile_here(self, head: tuple[int, tuple[str, tuple]]) -> bool:
+        """Whether the oldest task should compile in this worker: while the node's
+        compile service is still starting (its processes import torch and Triton and
+        open the GPU: seconds after this worker is ready) and the GPU has waited
+        ``SELF_COMPILE_AFTER_S`` for it, the run's first config compiles here instead
+        (one compile, seconds sooner). Never once the service compiles: a config it has
+        not started may be one that compiles for minutes."""
+        seq, (method, _args) = head
+        if method != "measure" or self.pre is None or self.spec.interpreted:
+            return False  # (the interpreter's compile-ahead is the plumbing's tests)
+        now = time.monotonic()
+        if self._head_since is None or self._head_since[0] != seq:
+            self._head_since = (seq, now)
+            return False
+        if now - self._head_since[1] < self.SELF_COMPILE_AFTER_S or self.pre.warm():
+            return False
+        self._here.add(seq)
+        return True
 
     def _prepare_queued(self, queued: list[tuple[int, tuple[str, tuple]]]) -> bool:
         """Build the inputs' layout of the oldest queued problem this worker has not
@@ -468,7 +502,11 @@ class Worker:
 
         fam = kernel_api.get(kernel)
         t_wait = time.perf_counter()
-        pre = self._problem_loaded(kernel, fam, shape, dtype, seed, config)
+        # A config this worker compiles itself (``_compile_here``) does not wait for the
+        # compile service.
+        here = self._seq in self._here
+        self._here.discard(self._seq)
+        pre = self._problem_loaded(kernel, fam, shape, dtype, seed, None if here else config)
         problem = problem_key(kernel, shape, dtype, seed)
         self._loaded(problem, config)
         wait_s = time.perf_counter() - t_wait
