@@ -29,7 +29,7 @@ from harness.measure import Timing
 from harness.run_logging import Logs
 from harness.search import Search, drop_studies, storage_url
 from harness.tracking.redact import redact
-from harness.tracking.tracker import Tracker, git_sha
+from harness.tracking.tracker import Tracker, git_sha, import_mlflow
 from harness.write_behind import WriteBehindStorage
 
 log = logging.getLogger(__name__)
@@ -476,7 +476,7 @@ def _check(path: str | Path, exp: experiment.Experiment, summary: Summary) -> No
 def _tracker_once_valid(checked: Future, exp: experiment.Experiment) -> Tracker | None:
     """The run's Tracker, created only once the experiment passed its checks (MLflow
     writes its store as it starts); None otherwise. MLflow is imported meanwhile."""
-    import mlflow  # noqa: F401 - seconds of imports, beside the checks'
+    import_mlflow()  # seconds of imports, beside the checks'
 
     if checked.exception() is not None:
         return None

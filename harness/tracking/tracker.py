@@ -229,6 +229,12 @@ class Tracker:
         self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
 
 
+def import_mlflow() -> None:
+    """Import MLflow's client (seconds): a run does it on a thread while Ray starts."""
+    import mlflow  # noqa: F401
+    from mlflow.tracking import MlflowClient  # noqa: F401
+
+
 def _experiment_id(client: Any, name: str) -> str:
     """The MLflow experiment ``name``'s id, created where missing. The run's driver and
     its logger processes start at once: where another created it first, it is read."""
