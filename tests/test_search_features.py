@@ -156,6 +156,7 @@ def test_a_run_cuts_slow_configs_after_a_cheap_pass(tmp_path: Path, faulty_event
     for e in read_events(events):
         if e["event"] == "launch":
             launches[e["config"]["SLEEP_MS"]] = launches.get(e["config"]["SLEEP_MS"], 0) + 1
-    # One measurement each for the cut configs; the winner: baseline, cheap and full.
+    # One measurement each for the cut configs; the winner (the default config, which the
+    # search measured first: no separate baseline of it): cheap and full.
     assert launches[100] == launches[200] == launches[300]
-    assert launches[0] == 3 * launches[100], launches
+    assert launches[0] == 2 * launches[100], launches

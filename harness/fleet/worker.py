@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace as _replace
 from typing import Any
@@ -130,7 +131,9 @@ class Worker:
         }
         self._cv = threading.Condition()
         self._gen = 0  # bumped by every event the task loop may wait for (``_wake``)
-        self._watched: set[int] = set()  # compile futures that wake the loop when done
+        # Compile futures that wake the loop when done (by the object: an id is reused
+        # once its future is gone, and a new future taken for a watched one never woke it)
+        self._watched: weakref.WeakSet[Future] = weakref.WeakSet()
         self._tasks: dict[int, tuple[str, tuple]] = {}
         self._results: dict[int, dict] = {}
         self._next = 0  # the oldest task not run yet
@@ -340,8 +343,8 @@ class Worker:
             return None
         kernel, shape, dtype, config, seed = args[:5]
         fut = self.pre.pending(problem_key(kernel, shape, dtype, seed), config)
-        if fut is not None and id(fut) not in self._watched:
-            self._watched.add(id(fut))
+        if fut is not None and fut not in self._watched:
+            self._watched.add(fut)
             fut.add_done_callback(self._wake)
         return fut
 
