@@ -475,11 +475,13 @@ def _check(path: str | Path, exp: experiment.Experiment, summary: Summary) -> No
 
 def _tracker_once_valid(checked: Future, exp: experiment.Experiment) -> Tracker | None:
     """The run's Tracker, created only once the experiment passed its checks (MLflow
-    writes its store as it starts); None otherwise. MLflow is imported meanwhile."""
-    import_mlflow()  # seconds of imports, beside the checks'
-
+    writes its store as it starts); None otherwise. MLflow is imported after the checks'
+    imports, not beside them: on one interpreter lock, two imports at once ended both
+    later (the checks 10 s after the run's call on a 64-core H200 host, where Ray's own
+    start took 7 s), and the checks are what the run waits for once Ray is up."""
     if checked.exception() is not None:
         return None
+    import_mlflow()
     return Tracker(exp.tracking.uri, exp.tracking.experiment or exp.name)
 
 
