@@ -23,7 +23,10 @@ the default config) the configs are benchmarked once for that key with
 kernel's constraints is taken, unmeasured), and the winner is appended to a JSON record
 file (``record=`` or ``$HARNESS_PACKS_ONLINE``) that ``kharness packs merge`` freezes into a
 pack. Benchmarking runs the kernel many times on the caller's arguments, so it must be
-safe to repeat (as with ``triton.autotune`` without ``reset_to_zero``).
+safe to repeat (as with ``triton.autotune`` without ``reset_to_zero``). Processes that
+record into one file at once keep every record (the append holds a lock); a record file
+that is not a JSON list is kept as ``<file>.corrupt-<UTC time>``, with a warning, and a new
+one is started; a file that cannot be written costs a warning, never the launch.
 """
 
 from __future__ import annotations
@@ -264,24 +267,52 @@ class PackedKernel:
         self.tuned.append(rec)
         path = self.record or os.environ.get("HARNESS_PACKS_ONLINE")
         if path:
-            append_record(path, rec)
+            try:
+                append_record(path, rec)
+            except (OSError, fmt.PackError) as exc:  # the tuned config runs all the same
+                warnings.warn(f"harness.autotune: could not record to {path}: {exc}",
+                              _packs.PackWarning, stacklevel=4)
         return best["config"]
 
 
 _record_lock = threading.Lock()
 
 
+def _set_aside(path: Path, why: str) -> Path:
+    """Rename a record file that is not a JSON list to ``<file>.corrupt-<UTC time>``
+    (never over an earlier one) and warn: its records are kept for a person to read."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    kept = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while fmt.exists(kept):
+        n += 1
+        kept = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    os.replace(path, kept)
+    warnings.warn(f"harness.autotune: the record file {path} is corrupt ({why}); kept as "
+                  f"{kept.name}, starting a new one", _packs.PackWarning, stacklevel=4)
+    return kept
+
+
 def append_record(path: str | Path, rec: Mapping[str, Any]) -> None:
-    """Append one online-tuning result to a JSON list file (written atomically)."""
+    """Append one online-tuning result to a JSON list file: under a lock beside it (other
+    processes appending at once wait), written atomically. A file that is not a JSON list
+    is set aside as ``<file>.corrupt-<UTC time>`` with a PackWarning, and a new list
+    started; one that is not a regular file, or cannot be read, raises PackError."""
     path = Path(path)
-    with _record_lock:
-        old: list[Any] = []
-        if path.is_file():
+    with _record_lock, fmt.locked(path):
+        old: Any = []
+        if fmt.exists(path):
+            raw = fmt.read_bytes(path, limit=None)  # PackError: a FIFO, no permission, ...
             try:
-                old = json.loads(path.read_text())
-            except (OSError, ValueError):
-                old = []
+                old = fmt.parse_json(raw, str(path))
+            except fmt.PackError as exc:
+                old = exc
             if not isinstance(old, list):
+                kinds = {dict: "an object", str: "a string", bool: "a boolean",
+                         type(None): "null"}
+                why = str(old).removeprefix(f"{path}: ") if isinstance(old, Exception) \
+                    else f"{kinds.get(type(old), 'a number')}, not a list of records"
+                _set_aside(path, why)
                 old = []
         fmt.write_text(path, json.dumps(old + [rec], indent=1) + "\n")
 

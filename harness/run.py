@@ -137,6 +137,9 @@ def run(path: str | Path, resume: bool = False, console: Console | None = None,
     it stays up for the caller's next run."""
     console = console or Console(stderr=True)
     exp = experiment.load(path, overrides, semantics=False)  # the file's form: milliseconds
+    # Its surroundings (folders writable, tracking store known and answering): before
+    # anything is written, and before Ray starts, which a refusal would have to stop.
+    experiment.preflight(path, exp)
     lock = experiment.lock_run_dir(path, exp)  # a second run of it exits 2, naming this one
     summary = Summary() if started_at is None else Summary(t0=started_at)
     summary.mark("run_called")

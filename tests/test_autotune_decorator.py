@@ -267,6 +267,32 @@ def test_online_tuning_record_from_environment(pack_dir, tmp_path, monkeypatch):
     assert rec["kernel"] == "vector_add" and rec["config"] == {"BLOCK_SIZE": 16}
 
 
+def test_online_tuning_keeps_a_corrupted_record_and_survives_an_unwritable_one(
+        pack_dir, tmp_path):
+    """A record file that is not a JSON list is kept aside, with a warning, and a new one
+    started; a record path that cannot be written costs a warning, not the launch."""
+    record = tmp_path / "online.json"
+    record.write_text('[{"kernel": "vector_add", "conf')  # a write cut short
+    seen: list[int] = []
+    add, grid = _add(seen, online=True, configs=[{"BLOCK_SIZE": 16}], record=record)
+    x, y, out = _inputs(100)
+    with pytest.warns(packs.PackWarning, match="is corrupt"):
+        add[grid](x, y, out, 100)
+    torch.testing.assert_close(out, x + y)
+    (kept,) = tmp_path.glob("online.json.corrupt-*")
+    assert kept.read_text() == '[{"kernel": "vector_add", "conf'
+    (rec,) = json.loads(record.read_text())
+    assert rec["config"] == {"BLOCK_SIZE": 16}
+
+    (tmp_path / "a-folder").mkdir()
+    add, grid = _add(seen, online=True, configs=[{"BLOCK_SIZE": 16}],
+                     record=tmp_path / "a-folder")
+    with pytest.warns(packs.PackWarning, match="could not record"):
+        add[grid](x, y, out, 100)
+    torch.testing.assert_close(out, x + y)
+    assert seen == [16, 16]
+
+
 def test_bad_use_is_reported_clearly(pack_dir):
     with pytest.raises(ValueError, match="must name the dims"):
         harness.autotune(kernel="grouped_gemm", key=["M", "N"])(_matmul_kernel)

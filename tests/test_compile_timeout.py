@@ -467,6 +467,15 @@ def test_the_service_as_a_ray_actor_answers_a_time_out_and_the_next_config(
         services = start_services({node: (2.0, 1)}, 1, compile_timeout_s=1.0)
         assert ray.get(services[node].info.remote(), timeout=120)["compile_timeout_s"] == 1.0
         client = NodeCompiler(services[node], 1, grace_s=2.0)
+        # The service's processes import torch first: under load that takes longer than
+        # the time-out and the grace, and a queue that does not move is (rightly) given up.
+        for tries in range(1, 41):  # a new config each time: an answered one stays answered
+            first = _cfg(SLEEP_MS=2 + tries)
+            client.submit(PROBLEM, FAULTY, SHAPE, _skel(), [first])
+            if client.wait(PROBLEM, first, timeout_s=60).get("ok"):
+                break
+        else:
+            raise AssertionError("the compile service compiled nothing in 40 tries")
         slow, fine = _cfg(COMPILE_MS=4000, SLEEP_MS=1), _cfg(SLEEP_MS=2)
         client.submit(PROBLEM, FAULTY, SHAPE, _skel(), [slow, fine])
         out = client.wait(PROBLEM, slow, timeout_s=60)
@@ -474,7 +483,7 @@ def test_the_service_as_a_ray_actor_answers_a_time_out_and_the_next_config(
         assert client.wait(PROBLEM, fine, timeout_s=60)["ok"]
         assert client.node == node
         info = ray.get(services[node].info.remote(), timeout=30)
-        assert info["timed_out"] == 1 and info["compiled"] == 1
+        assert info["timed_out"] == 1 and info["compiled"] >= 2
         client.close()
     finally:
         ray.shutdown()

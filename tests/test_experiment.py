@@ -3,6 +3,7 @@ writes nothing."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -239,3 +240,73 @@ def test_command_refuses_and_stops_the_ray_it_started(tmp_path, monkeypatch, cap
     assert str(path) in err and field in err and words in err
     assert len(started) == len(stopped) <= 1, "a Ray the run started must be stopped"
     assert _listing(tmp_path) == before  # no runs/, packs/, mlflow.db, optuna.db
+
+
+@pytest.mark.parametrize(("hardware", "accepted"), [(["auto"], True), (["H100"], False)])
+def test_a_shape_costs_the_same_to_check_at_any_size(tmp_path, hardware, accepted):
+    """The grouped GEMM's byte model drew the routing of every expert: 3e8 experts took
+    26 s and 2.95 GB to check. Its memory need is a closed form now, which counts the
+    weights of every expert (155 GB here: more than an H100 has, less than an MI325X)."""
+    import resource
+    import time
+
+    from harness import kernel_api
+
+    kernel_api.get("grouped_gemm")  # its import (torch) is not the check
+    path = _write(tmp_path, yaml.safe_dump({
+        **yaml.safe_load(GOOD), "hardware": hardware,
+        "shapes": [{"M": 1048577, "N": 16, "K": 16, "E": 300000000}]}))
+    exp = experiment.load(path, semantics=False)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    if accepted:
+        experiment.check_semantics(path, exp)
+    else:
+        with pytest.raises(experiment.ExperimentError, match="155 GB .* memory of H100"):
+            experiment.check_semantics(path, exp)
+    assert time.monotonic() - t0 < 1.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_kb < 100_000
+
+
+def test_the_byte_model_is_exact_where_the_benchmark_measures():
+    """Past EXACT_EXPERTS the routing is not drawn; below it, the count is seed 0's."""
+    from kernels.grouped_gemm import EXACT_EXPERTS, GroupedGemm
+
+    k = GroupedGemm()
+    for shape in ({"M": 49152, "N": 1408, "K": 2048, "E": 64},
+                  {"M": 1000, "N": 16, "K": 16, "E": EXACT_EXPERTS}):
+        used = sum(1 for c in k.routing_counts(shape, 0) if c)
+        assert k._experts_used(shape) == used
+    big = {"M": 1000, "N": 16, "K": 16, "E": EXACT_EXPERTS + 1}
+    assert 950 <= k._experts_used(big) <= 1000  # nearly every row its own expert
+    assert k.footprint_bytes(big, "fp16") > k.bytes_moved(big, "fp16")
+
+
+def test_the_console_script_imports_a_kernel_from_the_working_directory(tmp_path,
+                                                                        monkeypatch):
+    """``kernel: mymod:Cls`` with mymod.py where the command runs: ``python -m harness``
+    has the working directory on sys.path, the console script (whose sys.path[0] is the
+    venv's bin/) puts it there too."""
+    import importlib
+    import sys
+
+    from harness import kernel_api
+
+    cli_main = importlib.import_module("harness.cli.main")
+    (tmp_path / "kh_cwd_kernel.py").write_text(
+        "from kernels.matmul import Matmul\n\nclass Mine(Matmul):\n    name = 'mine'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                      if p not in ("", str(tmp_path), os.getcwd())])
+    monkeypatch.delitem(sys.modules, "kh_cwd_kernel", raising=False)
+    resolved: list[str] = []
+
+    def main() -> int:
+        resolved.append(kernel_api.resolve("kh_cwd_kernel:Mine").name)
+        return 0
+
+    monkeypatch.setattr(cli_main, "main", main)
+    monkeypatch.setattr(cli_main.os, "_exit", lambda rc: resolved.append(rc))
+    cli_main.entry()
+    assert resolved == ["mine", 0]
+    assert sys.path[0] == str(tmp_path)

@@ -1,7 +1,8 @@
-"""Experiment files mutated at random (types, keys, values, nesting, sizes, raw text):
-``kharness run`` exits 0, 2 or 3, never with a traceback, and a file it refuses (2)
-leaves nothing behind. The command runs in-process up to the run itself, which is
-replaced by a stand-in: every check happens before it, so nothing slower is needed."""
+"""Experiment files mutated at random (types, keys, values, nesting, sizes, repeats, tags,
+raw text): ``kharness run`` exits 0, 2 or 3, never with a traceback or a password, and a
+file it refuses (2) leaves nothing behind. The command runs in-process up to the run
+itself, which is replaced by a stand-in doing what a run does before Ray starts (the
+form, the surroundings, the kernel family's checks): nothing slower is needed."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "kernel-harness-hypothesis")
 
 from harness import cli  # noqa: E402
+from tests.fuzz_edits import edit, paths  # noqa: E402
+
+#: A password in the URIs drawn: never in the command's output.
+SECRET = "Sup3rSecret"
 
 BASES = [
     {"name": "fuzz", "kernel": "grouped_gemm", "shapes": [{"M": 320, "N": 128, "K": 128, "E": 4}],
@@ -46,12 +51,17 @@ BASES = [
 SCALARS = st.one_of(
     st.none(), st.booleans(),
     st.integers(min_value=-(2 ** 70), max_value=2 ** 70),
-    st.sampled_from([0, 1, -1, 2 ** 31, 10 ** 14, 10 ** 30]),
+    st.sampled_from([0, 1, -1, 2 ** 31, 2 ** 32, 2 ** 64, 10 ** 14, 10 ** 30, 1e30,
+                     float("inf"), float("nan"), True]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=20),
     st.sampled_from(["auto", "H900", "H100", "cpu", "fp8", ":Foo", "os:path", "matmul",
                      "BLOCK_M", "../../etc", "x" * 5000, "tpe", "none", "128", "é\x00",
-                     "[/]", "[bold]x", "http://u:p@h:1", "NVIDIA-RTX"]),
+                     "[/]", "[bold]x", "http://u:p@h:1", "NVIDIA-RTX", "x" * 300,
+                     # tracking URIs: each holds the password, which is never printed
+                     f"http://kh:ab/{SECRET}@127.0.0.1:9", f"ftp://kh:{SECRET}@127.0.0.1/x",
+                     f"postgresql://kh:{SECRET}@127.0.0.1:9/db", "http://127.0.0.1:9",
+                     f"https://kh:{SECRET}@127.0.0.1:9", "sqlite:///sub/m.db"]),
 )
 NAMES = st.one_of(st.sampled_from(["name", "kernel", "shapes", "dtypes", "hardware",
                                    "search_space", "search", "timing", "tracking", "output",
@@ -63,23 +73,6 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(NAMES, inner, max_size=4)), max_leaves=12)
 
 
-def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
-def _get(node: Any, path: tuple) -> Any:
-    for part in path:
-        node = node[part]
-    return node
-
-
 #: Fields whose checks need the kernel family: drawn more often, since a broken name or
 #: shape (checked first) would hide what is wrong in them.
 _DEEP = ("search_space", "kernel", "hardware", "tracking", "output")
@@ -88,28 +81,12 @@ _DEEP = ("search_space", "kernel", "hardware", "tracking", "output")
 def _mutate(data: st.DataObject, doc: dict) -> dict:
     doc = copy.deepcopy(doc)
     for _ in range(data.draw(st.integers(1, 3), label="mutations")):
-        paths = _paths(doc)
-        paths += [p for p in paths if p and p[0] in _DEEP] * 3
-        path = data.draw(st.sampled_from(paths), label="where")
-        how = data.draw(st.sampled_from(["replace", "delete", "add", "nest", "grow"]),
-                        label="how")
-        if not path:
-            if how == "add" and isinstance(doc, dict):
-                doc[data.draw(NAMES)] = data.draw(VALUES)
-            continue
-        parent, key = _get(doc, path[:-1]), path[-1]
-        if how == "replace":
-            parent[key] = data.draw(VALUES, label="value")
-        elif how == "delete":
-            del parent[key]
-        elif how == "add" and isinstance(parent[key], dict):
-            parent[key][data.draw(NAMES, label="key")] = data.draw(VALUES, label="value")
-        elif how == "nest":
-            parent[key] = data.draw(st.sampled_from([[parent[key]], {"x": parent[key]}]))
-        elif how == "grow":
-            n = data.draw(st.sampled_from([50, 2000]), label="size")
-            parent[key] = [parent[key]] * n if data.draw(st.booleans()) \
-                else {f"k{i}": parent[key] for i in range(n)}
+        where = paths(doc, limit=10**9)
+        where += [p for p in where if p and p[0] in _DEEP] * 3
+        path = data.draw(st.sampled_from(where), label="where")
+        how = data.draw(st.sampled_from(["replace", "delete", "add", "nest", "grow",
+                                         "repeat"]), label="how")
+        edit(data, doc, path, how, NAMES, VALUES)
     return doc
 
 
@@ -126,7 +103,8 @@ def _text(data: st.DataObject, doc: dict) -> str:
         at = data.draw(st.integers(0, len(text)), label="at")
         text = text[:at] + data.draw(st.sampled_from(
             ["!!python/object:os.system ", "&a ", "*a", "{", "- ", "\t", ": :", "\x00",
-             "%YAML 9.9\n", "<<: *b\n"]), label="insert") + text[at:]
+             "%YAML 9.9\n", "<<: *b\n", "!!binary ", "!!str ", "! ", "!!set "]),
+            label="insert") + text[at:]
     return text
 
 
@@ -144,12 +122,18 @@ def test_mutated_experiment_files_never_crash_and_write_nothing(monkeypatch, cap
     from harness import experiment
 
     def stand_in(path: Any, *args: Any, overrides: Any = (), **kwargs: Any) -> Any:
-        """What a run does before it starts Ray: the file's form, then the checks that
-        need its kernel family."""
-        experiment.check_semantics(path, experiment.load(path, overrides, semantics=False))
+        """What a run does before it starts Ray: the file's form and its surroundings,
+        then the checks that need its kernel family."""
+        exp = experiment.load(path, overrides, semantics=False)
+        experiment.preflight(path, exp)
+        experiment.check_semantics(path, exp)
         raise _Validated
 
     monkeypatch.setattr(harness.run, "run", stand_in)
+    # A URI's credentials move into MLflow's variables as it is read: gone after the test.
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     here = os.getcwd()
 
     @settings(max_examples=150, deadline=None, database=None, derandomize=True,
@@ -171,6 +155,7 @@ def test_mutated_experiment_files_never_crash_and_write_nothing(monkeypatch, cap
             out = capsys.readouterr()
             assert code in (0, 2, 3), (code, text[:500])
             assert "Traceback" not in out.err + out.out, out.err[-2000:]
+            assert SECRET not in out.err + out.out, out.err[-2000:]
             if code == 2:
                 assert "exp.yaml" in " ".join(out.err.split()), out.err
             # Nothing is written by the checks, whatever they decide.
@@ -187,4 +172,6 @@ def test_the_bases_are_valid():
         for i, base in enumerate(BASES):
             path = Path(tmp) / f"{i}.yaml"
             path.write_text(yaml.safe_dump(base))
-            experiment.load(path)
+            exp = experiment.load(path)
+            experiment.preflight(path, exp.model_copy(update={"output": exp.output.model_copy(
+                update={"packs_dir": f"{tmp}/packs", "runs_dir": f"{tmp}/runs"})}))

@@ -96,3 +96,120 @@ def test_a_worker_takes_back_the_default_cpu_priority() -> None:
                          cwd=root, env={**os.environ, "PYTHONPATH": root}, check=True)
     want = 0 if may_renice() else 15
     assert out.stdout.split(None, 1) == [str(want), f"[{want}]\n"], out
+
+
+# -- a run's own Ray ends with it, however the run ends ----------------------------------
+DRIVER = """
+import json, os, sys, time
+from harness.fleet import cluster
+from tests.test_ray_start import _start
+assert cluster.Cluster.connect() == "local"
+import ray
+node = ray._private.worker._global_node
+raylet = node.all_processes["raylet"][0].process.pid
+pids = {i.process.pid for infos in node.all_processes.values() for i in infos}
+for name in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{name}/stat").read()
+    except OSError:
+        continue
+    if int(stat.rsplit(")", 1)[1].split()[1]) == raylet:  # the raylet's agents
+        pids.add(int(name))
+print(json.dumps([[p, _start(p)] for p in sorted(pids)]), flush=True)
+time.sleep(300)
+"""
+
+
+def _start(pid: int) -> int | None:
+    """The process's start time (ticks since boot): tells it from a later one given the
+    pid; None where there is no such process, or only its zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else int(fields[19])
+
+
+def _alive(procs: list[list[int]]) -> list[list[int]]:
+    return [p for p in procs if p[1] is not None and _start(p[0]) == p[1]]
+
+
+@pytest.mark.slow
+def test_a_killed_driver_takes_its_ray_with_it(tmp_path: Path) -> None:
+    """``kill -9`` of a driver that started its own Ray: GCS and raylet died with it, but
+    the raylet's agents (ray::DashboardAgent, ray::RuntimeEnvAgent) lived on for a
+    minute, re-parented to pid 1, 127.0.0.1:52365 open. Now the session's watchdog ends
+    every process of it within seconds, and drops the session's record."""
+    import json
+    import signal
+    import tempfile
+    import time
+
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root, "XDG_RUNTIME_DIR": str(tmp_path),
+           "RAY_TMPDIR": tempfile.mkdtemp(prefix="kh-kill-", dir="/tmp")}
+    env.pop("RAY_ADDRESS", None)
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, text=True)
+    procs: list[list[int]] = []
+    try:
+        procs = json.loads(driver.stdout.readline())
+        assert len(procs) >= 4 and _alive([[driver.pid, _start(driver.pid)]])
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        deadline = time.monotonic() + 20
+        while _alive(procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _alive(procs)
+        names = [Path(f"/proc/{p}/cmdline").read_bytes()[:40] for p, _ in left]
+        assert not left, f"outlived their driver: {names}"
+        records = tmp_path / f"kernel-harness-{os.getuid()}" / "ray-sessions"
+        assert records.is_dir()
+        while any(records.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # the watchdog drops the record once its last sweep is done
+        assert not any(records.iterdir())  # written, then dropped
+    finally:
+        driver.kill()
+        for pid, _ in _alive(procs):  # a failed test leaves nothing either
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_next_run_ends_a_session_whose_run_and_watchdog_were_killed(
+        tmp_path: Path, monkeypatch) -> None:
+    """Where the watchdog went with its driver (``kill -9`` of the process group), the
+    next run's start ends what the session left: a process that ignores SIGTERM and names
+    the dead raylet in its environment, as the agents do, gets SIGKILL. A session whose
+    run goes on is left alone."""
+    import json
+    import signal
+
+    monkeypatch.setattr(cluster, "sessions_dir", lambda: tmp_path)
+    gone = subprocess.Popen(["sleep", "30"])  # the session's raylet, and its run
+    raylet = [gone.pid, _start(gone.pid)]
+    gone.kill()
+    gone.wait()
+    agent = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n"
+         "time.sleep(60)"], env={**os.environ, "RAY_RAYLET_PID": str(gone.pid)},
+        stdout=subprocess.PIPE, text=True)
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        assert agent.stdout.readline() == "up\n"
+        me = [os.getpid(), _start(os.getpid())]
+        live = [bystander.pid, _start(bystander.pid)]
+        (tmp_path / "a.json").write_text(json.dumps({
+            "owner": raylet, "raylet": raylet, "session_dir": "/nowhere/session_a",
+            "pids": [raylet], "watchdog": raylet}))
+        (tmp_path / "b.json").write_text(json.dumps({
+            "owner": me, "raylet": raylet, "session_dir": "/nowhere/session_b",
+            "pids": [live]}))
+        assert cluster.end_orphaned_sessions() == 1
+        assert agent.wait(timeout=10) == -signal.SIGKILL
+        assert bystander.poll() is None  # its run (this process) goes on
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+    finally:
+        agent.kill()
+        bystander.kill()
+        agent.wait()
+        bystander.wait()

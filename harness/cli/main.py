@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from pathlib import Path
 
 from rich.console import Console
@@ -129,12 +130,34 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args, console)
 
 
+def _cwd_importable() -> None:
+    """The working directory first on ``sys.path``, as ``python -m harness`` has it: an
+    experiment's ``kernel: mymod:Cls`` imports ``mymod.py`` from where the command runs,
+    from the console script as from ``python -m`` (whose script directory is the venv's
+    ``bin/`` instead). Ray's workers get the same directory first on their path."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _main_redacted() -> int:
+    """``main``, with an error it did not expect reported as Python would, a traceback
+    and exit code 1, but redacted: a library's error (MLflow's, SQLAlchemy's) may hold a
+    URI with its password."""
+    try:
+        return main()
+    except Exception:
+        sys.stderr.write(redact(traceback.format_exc()))
+        return 1
+
+
 def entry() -> None:
     """The ``kharness`` command: ``main``, then a fast exit. After a run, the interpreter's
     own teardown (freeing torch, Ray's and gRPC's native state) took ~2 s of the command's
     wall on its own; everything the harness writes is written and flushed by then, and a
     Ray this process started is stopped first (its exit hook would be skipped too)."""
-    rc = main()
+    _cwd_importable()
+    rc = _main_redacted()
     try:
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():

@@ -13,18 +13,27 @@ Decisions, for the README:
   shape) the entry with the lower measured latency wins (``--policy fastest``, default;
   ties: the newer provenance date), or the newer one (``--policy newest``). Every config
   must pass the kernel's ``check_config`` on that hardware.
+- ``merge --dir``: each target pack is read, merged and written under its lock
+  (``format.locked``): merges (and runs freezing) into one pack at once keep every entry.
 - ``export --format vllm-moe``: our M counts routed rows (tokens x top_k); vLLM keys its
   configs by tokens, so ``--top-k`` is required (there is no safe default: 2 for Mixtral,
   6 for DeepSeek-V2, 8 for DeepSeek-V3) and batch size = M / top_k. vLLM's file N is the
   expert intermediate size; by default it is our N (an up-projection entry, gate and up
-  unfused); ``--fused-gate-up`` halves it for vLLM's fused w13 layout [E, 2N, K].
+  unfused); ``--fused-gate-up`` halves it for vLLM's fused w13 layout [E, 2N, K]. The
+  device name (from the pack or ``--device-name``) is made a file name (``safe_name``):
+  every file is written inside ``--out-dir``.
+- Whatever a pack file holds or is (a FIFO, a directory, a symlink loop, no permission),
+  a command reports it in one line: ``list`` shows it rejected, the others exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
+import stat
 import sys
 from collections import Counter
 from pathlib import Path
@@ -60,30 +69,57 @@ def _read(path: str | Path) -> dict[str, Any]:
         raise _BadInput(str(exc)) from None
 
 
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:  # missing, a symlink loop, no permission: no directory to list
+        return False
+
+
+def _listing(folder: Path) -> list[Path]:
+    """The entries of ``folder`` that are not hidden, sorted; [] where it is not a
+    directory. OSError where it is one that cannot be listed (no permission)."""
+    if not _is_dir(folder):
+        return []
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def _pack_files(folder: Path) -> list[Path]:
+    """``<hardware>/<kernel>.json`` candidates under ``folder`` whatever their file type
+    (reading them says what is wrong); _BadInput for a folder that cannot be listed."""
+    try:
+        return [p for p in _listing(folder) if p.name.endswith(".json")]
+    except OSError as exc:
+        raise _BadInput(f"{folder}: cannot list: {exc.strerror or exc}") from None
+
+
 def _find(dirs: list[Path], hw: str, kernel: str | None) -> list[Path]:
     """The packs that lookup would use for ``hw`` (first directory wins per kernel)."""
     found: dict[str, Path] = {}
     for root in dirs:
-        for path in sorted((root / hw).glob("*.json")) if (root / hw).is_dir() else []:
-            if path.name.startswith("."):
-                continue
+        for path in _pack_files(root / hw):
             if kernel is None or path.stem == kernel:
                 found.setdefault(path.stem, path)
     return [found[k] for k in sorted(found)]
 
 
 def _known_hw(dirs: list[Path]) -> list[str]:
-    return sorted({p.name for d in dirs if d.is_dir() for p in d.iterdir()
-                   if p.is_dir() and not p.name.startswith(".")})
+    names: set[str] = set()
+    for d in dirs:
+        with contextlib.suppress(OSError):  # for a message only: what can be listed
+            names |= {p.name for p in _listing(d) if _is_dir(p)}
+    return sorted(names)
 
 
 def _target(spec: str, kernel: str | None, dirs: list[Path]) -> list[Path]:
     """A pack file, or a hardware key resolved through the search path."""
+    from harness.packs import format as fmt
+
     p = Path(spec)
-    if p.suffix == ".json" or p.is_file():
-        if not p.is_file():
+    if p.suffix == ".json" or (fmt.exists(p) and not _is_dir(p)):
+        if not fmt.exists(p):
             raise _BadInput(f"{spec}: no such pack file")
-        return [p]
+        return [p]  # whatever it is: reading it says what is wrong
     paths = _find(dirs, spec, kernel)
     if not paths:
         what = f"{kernel} pack" if kernel else "packs"
@@ -108,9 +144,18 @@ def _cmd_list(args: argparse.Namespace, console: Any) -> int:
     rows, seen = [], set()
     dirs = _dirs(args)
     for root in dirs:
-        for path in sorted(root.glob("*/*.json")) if root.is_dir() else []:
-            if path.name.startswith(".") or path.parent.name.startswith("."):
-                continue
+        paths = []
+        try:
+            hw_dirs = [d for d in _listing(root) if _is_dir(d)]
+        except OSError as exc:
+            hw_dirs = []
+            rows.append(_unlisted(root, "", exc))
+        for hw_dir in hw_dirs:
+            try:
+                paths += [p for p in _listing(hw_dir) if p.name.endswith(".json")]
+            except OSError as exc:  # a pack folder without permissions: say so
+                rows.append(_unlisted(hw_dir, hw_dir.name, exc))
+        for path in paths:
             row: dict[str, Any] = {"hardware": path.parent.name, "kernel": path.stem,
                                    "path": str(path)}
             try:
@@ -138,6 +183,12 @@ def _cmd_list(args: argparse.Namespace, console: Any) -> int:
               f"{','.join(r['dtypes']) or '-':<10} triton {','.join(r['triton']) or '-':<8} "
               f"{r['status']:<4}  {r['path']}")
     return 0
+
+
+def _unlisted(folder: Path, hardware: str, exc: OSError) -> dict[str, Any]:
+    return {"hardware": hardware, "kernel": "", "path": str(folder), "entries": 0,
+            "dtypes": [], "triton": [],
+            "status": f"rejected: {folder}: cannot list: {exc.strerror or exc}"}
 
 
 def _cmd_show(args: argparse.Namespace, console: Any) -> int:
@@ -206,30 +257,58 @@ def _cmd_diff(args: argparse.Namespace, console: Any) -> int:
 
 
 # -- merge --------------------------------------------------------------------------------
+_RECORD_FIELDS = (("hardware", str, "a string"), ("family", str, "a string"),
+                  ("dtype", str, "a string"), ("shape_key", str, "a string"),
+                  ("config", dict, "an object"))
+
+
+def _record_error(r: Any) -> str | None:
+    """Why ``r`` is not an online-tuning record of the fields merge reads (None if it is)."""
+    if not isinstance(r, dict):
+        return f"not an online-tuning record (a JSON object), but {_json_type(r)}"
+    for name, typ, what in _RECORD_FIELDS:
+        if name not in r:
+            return f"not an online-tuning record (missing {name!r})"
+        if not isinstance(r[name], typ):
+            return f"{name}: {_json_type(r[name])}, not {what}"
+    prov, lat = r.get("provenance"), r.get("latency_ms")
+    if prov is not None and not isinstance(prov, dict):
+        return f"provenance: {_json_type(prov)}, not an object"
+    if lat is not None and (isinstance(lat, bool) or not isinstance(lat, (int, float))):
+        return f"latency_ms: {_json_type(lat)}, not a number"
+    return None
+
+
+def _json_type(v: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(v), type(v).__name__)
+
+
 def records_to_packs(records: list[Any], where: str) -> list[dict[str, Any]]:
-    """Online-tuning records (harness.autotune) as unsigned packs, one per (hw, kernel)."""
+    """Online-tuning records (harness.autotune) as unsigned packs, one per (hw, kernel).
+    Each record is checked alone (its fields' types, then the pack schema of its one
+    entry): _BadInput names the first record that fails and why."""
     from harness.packs import format as fmt
 
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for i, r in enumerate(records):
         at = f"{where}[{i}]"
-        try:
-            hw, kernel, dtype = r["hardware"], r["family"], r["dtype"]
-            skey, config = r["shape_key"], dict(r["config"])
-            prov = dict(r.get("provenance") or {})
-            lat = r.get("latency_ms")
-        except (KeyError, TypeError) as exc:
-            raise _BadInput(f"{at}: not an online-tuning record (missing {exc})") from None
+        why = _record_error(r)
+        if why:
+            raise _BadInput(f"{at}: {why}")
+        hw, kernel, dtype, skey = r["hardware"], r["family"], r["dtype"], r["shape_key"]
+        entry = {"config": dict(r["config"]), "metrics": {"latency_ms": r.get("latency_ms")},
+                 "provenance": dict(r.get("provenance") or {})}
+        alone = {**fmt.empty(hw, kernel), "kernels": {kernel: {dtype: {skey: entry}}},
+                 "checksum": "sha256:" + "0" * 64}
+        why = fmt.schema_error(alone)
+        if why:
+            raise _BadInput(f"{at}: not a pack entry: {why}")
         pack = out.setdefault((hw, kernel), fmt.empty(hw, kernel))
-        pack["kernels"].setdefault(kernel, {}).setdefault(dtype, {})
-        entry = {"config": config, "metrics": {"latency_ms": lat}, "provenance": prov}
-        slot = pack["kernels"][kernel][dtype]
+        slot = pack["kernels"][kernel].setdefault(dtype, {})
         if skey not in slot or fmt.better(slot[skey], entry):
             slot[skey] = entry
-    for (hw, kernel), pack in out.items():
-        why = fmt.schema_error({**pack, "checksum": "sha256:" + "0" * 64})
-        if why:
-            raise _BadInput(f"{where}: records for {hw}/{kernel}: {why}")
     return list(out.values())
 
 
@@ -239,20 +318,13 @@ def _load_inputs(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for p in paths:
         try:
-            raw = fmt.read_bytes(p)  # size-capped, like a pack
+            doc = fmt.parse_json(fmt.read_bytes(p), p)  # size-capped and bounded, like a pack
+            if isinstance(doc, list):
+                out += [(p, pack) for pack in records_to_packs(doc, p)]
+            else:
+                out.append((p, fmt.validate(doc, p)))
         except fmt.PackError as exc:
             raise _BadInput(str(exc)) from None
-        try:
-            doc = json.loads(raw)
-        except ValueError as exc:
-            raise _BadInput(f"{p}: not valid JSON (truncated or corrupted?): {exc}") from None
-        if isinstance(doc, list):
-            out += [(p, pack) for pack in records_to_packs(doc, p)]
-        else:
-            try:
-                out.append((p, fmt.validate(doc, p)))
-            except fmt.PackError as exc:
-                raise _BadInput(str(exc)) from None
     return out
 
 
@@ -268,9 +340,30 @@ def _check(pack: dict[str, Any], where: str) -> None:
         raise _BadInput(str(exc)) from None
 
 
+def _destination_error(path: Path, folder: bool) -> str | None:
+    """Why ``path`` cannot take a written pack (``folder``: a directory of packs), None if
+    it can (it may not exist yet)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"{path}: a dangling symlink" if os.path.islink(path) else None
+    except OSError as exc:  # a symlink loop, no permission
+        return f"{path}: {exc.strerror or exc}"
+    if folder and not stat.S_ISDIR(mode):
+        return f"{path}: not a directory"
+    if not folder and not stat.S_ISREG(mode):
+        return f"{path}: {'a directory' if stat.S_ISDIR(mode) else 'not a regular file'}, " \
+               "not a pack file to write"
+    return None
+
+
 def _cmd_merge(args: argparse.Namespace, console: Any) -> int:
     from harness.packs import format as fmt
 
+    dest = Path(args.out or args.dir_out)
+    why = _destination_error(dest, folder=not args.out)
+    if why:
+        raise _BadInput(f"cannot merge into {why}")
     inputs = _load_inputs(args.inputs)
     for where, pack in inputs:
         _check(pack, where)
@@ -281,22 +374,29 @@ def _cmd_merge(args: argparse.Namespace, console: Any) -> int:
         raise _BadInput("refusing to merge packs of different hardware or kernels into one "
                         f"file: {', '.join(f'{h}/{k}' for h, k in sorted(groups))} (use --dir "
                         "to write one pack each)")
-    plans = []
-    for (hw, kernel), members in sorted(groups.items()):
-        target = Path(args.out) if args.out else fmt.pack_path(args.dir_out, hw, kernel)
-        if args.dir_out and target.is_file():
-            members = [(str(target), _read(target))] + members
-            _check(members[0][1], members[0][0])
-        try:
-            merged = fmt.merge([p for _, p in members], args.policy, [w for w, _ in members])
-        except fmt.PackError as exc:
-            raise _BadInput(str(exc)) from None
-        plans.append((target, merged, hw, kernel, len(members)))
-    for target, merged, hw, kernel, n_inputs in plans:  # every group checked: now write
-        fmt.write(target, merged)
-        n = sum(1 for _ in fmt.iter_entries(merged))
-        print(f"wrote {target}: {hw}/{kernel}, {n} entries from {n_inputs} inputs "
-              f"(policy {args.policy})")
+    targets = {g: dest if args.out else fmt.pack_path(dest, *g) for g in groups}
+    with contextlib.ExitStack() as held:
+        if args.dir_out:  # read, merge and write each pack under its lock; in the order
+            # of their paths as strings, as a pull takes them: no two commands deadlock
+            for target in sorted(set(targets.values()), key=str):
+                held.enter_context(fmt.locked(target))
+        plans = []
+        for (hw, kernel), members in sorted(groups.items()):
+            target = targets[(hw, kernel)]
+            if args.dir_out and fmt.exists(target):
+                members = [(str(target), _read(target))] + members
+                _check(members[0][1], members[0][0])
+            try:
+                merged = fmt.merge([p for _, p in members], args.policy,
+                                   [w for w, _ in members])
+            except fmt.PackError as exc:
+                raise _BadInput(str(exc)) from None
+            plans.append((target, merged, hw, kernel, len(members)))
+        for target, merged, hw, kernel, n_inputs in plans:  # every group checked: now write
+            fmt.write(target, merged)
+            n = sum(1 for _ in fmt.iter_entries(merged))
+            print(f"wrote {target}: {hw}/{kernel}, {n} entries from {n_inputs} inputs "
+                  f"(policy {args.policy})")
     return 0
 
 
@@ -354,7 +454,9 @@ def export_vllm_moe(data: dict[str, Any], top_k: int, dtype: str = "bf16",
         if not names:
             raise _BadInput("the pack records no device name: pass --device-name")
         device_name = names.most_common(1)[0][0]
-    device = device_name.replace(" ", "_")  # as vLLM's get_config_file_name does
+    # Spaces become "_" as vLLM's get_config_file_name does; so does every character that
+    # could make the name a path ("/", ".." at the start): it comes from data.
+    device = fmt.safe_name(device_name, fallback="unknown")
     groups: dict[tuple[int, int], dict[int, tuple[float, dict[str, int]]]] = {}
     ks: dict[tuple[int, int], set[int]] = {}
     for skey, e in ents.items():
@@ -367,7 +469,10 @@ def export_vllm_moe(data: dict[str, Any], top_k: int, dtype: str = "bf16",
         ks.setdefault((s["E"], n), set()).add(s["K"])
         batch = max(1, round(s["M"] / top_k))
         cfg = {**fam.default_config, **e["config"]}
-        vcfg = {vk: int(cfg[ok]) for vk, ok in _VLLM_KEYS.items()}
+        try:  # the pack passed verify.check: typed ints; a hand-made dict may not have
+            vcfg = {vk: int(cfg[ok]) for vk, ok in _VLLM_KEYS.items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _BadInput(f"{skey}: no vLLM config ({type(exc).__name__}: {exc})") from None
         lat = fmt._latency(e)
         slot = groups.setdefault((s["E"], n), {})
         if batch not in slot or lat < slot[batch][0]:
@@ -397,12 +502,21 @@ def _cmd_export(args: argparse.Namespace, console: Any) -> int:
     else:
         hw = args.hardware or hardware.current_device().key
         (path,) = _target(hw, "grouped_gemm", _dirs(args))
-    files = export_vllm_moe(_read(path), args.top_k, args.dtype, args.device_name,
+    data = _read(path)
+    _check(data, str(path))  # what lookup would refuse is not exported either
+    files = export_vllm_moe(data, args.top_k, args.dtype, args.device_name,
                             args.fused_gate_up, args.k)
     out_dir = Path(args.out_dir)
+    why = _destination_error(out_dir, folder=True)
+    if why:
+        raise _BadInput(f"cannot export into {why}")
+    try:  # names from data: each one file name inside out_dir, or nothing is written
+        targets = {name: fmt.child(out_dir, name) for name in files}
+    except fmt.PackError as exc:
+        raise _BadInput(str(exc)) from None
     for name, body in files.items():
-        fmt.write_text(out_dir / name, json.dumps(body, indent=4) + "\n")
-        print(f"wrote {out_dir / name}: {len(body)} batch sizes (from {path}, top_k "
+        fmt.write_text(targets[name], json.dumps(body, indent=4) + "\n")
+        print(f"wrote {targets[name]}: {len(body)} batch sizes (from {path}, top_k "
               f"{args.top_k})")
     return 0
 
@@ -412,10 +526,11 @@ def _guard(func: Any) -> Any:
     """Bad input -> exit 2, remote trouble -> exit 1, each with one clear line."""
     def run(args: argparse.Namespace, console: Any) -> int:
         from harness.packs import s3
+        from harness.packs.format import PackError
 
         try:
             return func(args, console)
-        except _BadInput as exc:
+        except (_BadInput, PackError) as exc:
             console.print(f"[bold red]error:[/] {escape(str(exc))}")
             return EXIT_BAD_INPUT
         except s3.S3Error as exc:
@@ -424,6 +539,10 @@ def _guard(func: Any) -> Any:
         except ImportError as exc:
             console.print(f"[bold red]error:[/] {escape(str(exc))} (S3 needs: pip install "
                           "'kernel-harness[s3]')")
+            return EXIT_FAILED
+        except OSError as exc:  # a full disk, a folder that cannot be written: one line
+            what = f"{exc.filename}: " if exc.filename else ""
+            console.print(f"[bold red]error:[/] {escape(what + (exc.strerror or str(exc)))}")
             return EXIT_FAILED
     return run
 

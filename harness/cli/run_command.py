@@ -20,14 +20,18 @@ EXIT_BAD_INPUT = 2
 EXIT_NO_HARDWARE = 3
 EXIT_NOT_TUNED = 4
 
-#: What a run keeps in its runs directory (``runs/<name>/``) that a re-run would replace.
-STATE_FILES = ("optuna.db", "state.json")
-
 
 def earlier_run(runs_dir: str | Path, name: str) -> Path | None:
-    """The experiment's runs directory where an earlier run left its state, else None."""
+    """The experiment's runs directory where an earlier run measured something (or its
+    storage cannot be read to tell), else None. A run that failed before its first trial
+    (its tracking server went away as it started, its workers never came) left empty
+    studies and a state that nothing can resume: they do not block the next run, which
+    replaces them."""
     path = Path(runs_dir) / name
-    return path if any((path / f).is_file() for f in STATE_FILES) else None
+    db = path / "optuna.db"
+    if not db.is_file():
+        return None
+    return None if _trial_count(db) == 0 else path
 
 
 def _trial_count(db: Path) -> int | None:
@@ -72,6 +76,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     import harness
     from harness.fleet import NoHardwareError, RayStartError
     from harness.run import run
+    from harness.tracking.tracker import TrackingError
 
     try:
         summary = run(args.experiment, resume=args.resume, console=console,
@@ -83,7 +88,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     except NoHardwareError as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}", markup=True)
         return EXIT_NO_HARDWARE
-    except RayStartError as exc:
+    except (RayStartError, TrackingError) as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return 1
     summary.tracking_uri = redact(summary.tracking_uri)

@@ -1,6 +1,7 @@
-"""Experiment files: the schema (``schema``), reading them (``load``), the checks that need
-the kernel family (``checks``), the plan of studies (``plan``) and the lock that keeps
-one run of an experiment at a time (``lock``).
+"""Experiment files: the schema (``schema``), reading them (``load``), the checks of the
+run's surroundings before Ray starts (``preflight``), the checks that need the kernel
+family (``checks``), the plan of studies (``plan``) and the lock that keeps one run of an
+experiment at a time (``lock``).
 
 Nothing else in the harness reads experiment YAML. A bad file raises ``ExperimentError``
 naming the file and the field, before anything is written.
@@ -10,6 +11,7 @@ from harness.experiment.checks import check_semantics
 from harness.experiment.load import MAX_BYTES, load
 from harness.experiment.lock import RunLock, lock_run_dir
 from harness.experiment.plan import StudySpec, plan
+from harness.experiment.preflight import preflight, uri_problem
 from harness.experiment.schema import (
     SAMPLERS,
     BaselineSettings,
@@ -27,4 +29,5 @@ __all__ = [
     "MAX_BYTES", "SAMPLERS", "BaselineSettings", "Experiment", "ExperimentError",
     "FleetSettings", "OutputSettings", "RunLock", "SearchSettings", "SearchSpace", "StudySpec",
     "TimingSettings", "TrackingSettings", "check_semantics", "load", "lock_run_dir", "plan",
+    "preflight", "uri_problem",
 ]

@@ -27,7 +27,19 @@ _UNION_TAG = re.compile(r"^(constrained-\w+|literal\[.*\]|int|float|str|bool)$")
 
 class _StrictLoader(yaml.SafeLoader):
     """YAML's safe loader that refuses a key given twice in one mapping (YAML itself
-    lets the last one win, silently)."""
+    lets the last one win, silently) and any explicit tag: an experiment file is plain
+    data, and the safe loader's own tags (``!!binary``, ``!!set``, ``!!timestamp``)
+    made values no field expects."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        tag = getattr(event, "tag", None)
+        if tag is not None:
+            shown = tag.replace("tag:yaml.org,2002:", "!!")
+            raise yaml.composer.ComposerError(
+                None, None, f"the tag {shown!r}: an experiment file is plain data, "
+                "without tags", event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[Any] = set()
@@ -45,6 +57,13 @@ class _StrictLoader(yaml.SafeLoader):
                     f"the key {key!r} is given twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads ``1e-3`` (no '.') as a string, which a strict float field refuses:
+# read as YAML 1.2 and everyone else does, a float.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
 def _loc(loc: tuple) -> str:

@@ -36,11 +36,7 @@ class RunLock:
             return
         if undo and self._created:
             self.path.unlink(missing_ok=True)
-            for folder in self._created:  # deepest first
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break  # something else is there now: leave it
+            _remove(self._created)
         os.close(self._fd)  # closing the descriptor drops the flock
         self._fd = -1
 
@@ -49,6 +45,17 @@ class RunLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def _remove(created: list[Path]) -> None:
+    """Remove the folders a lock created (deepest first), where they are still empty."""
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:
+            if os.path.lexists(folder):
+                break  # something else is there now: leave it
+            # never made (mkdir failed there, a name too long for instance): its parent next
 
 
 def _holder(path: Path) -> str:
@@ -70,6 +77,7 @@ def lock_run_dir(config: str | Path, exp: Experiment) -> RunLock:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
+        _remove(created)  # a name too long for the file system left runs/ behind
         raise ExperimentError(config, "output.runs_dir",
                               f"cannot lock {run_dir}: {exc.strerror or exc}") from None
     try:

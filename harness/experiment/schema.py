@@ -14,12 +14,21 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    ValidationInfo,
     field_validator,
 )
 
 from harness import hardware as hw
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
+
+#: Configs per study: a million is past any grid measured; more is a typo (``1.0e+30``).
+MAX_TRIALS = 1_000_000
+#: Optuna's samplers take NumPy seeds, which are 32-bit: a larger one failed at the first
+#: study, after Ray had started.
+MAX_SEED = 2**32 - 1
+#: ``runs/<name>/`` and the MLflow experiment: well inside a file name's 255 bytes.
+MAX_NAME = 100
 
 
 class ExperimentError(Exception):
@@ -31,12 +40,15 @@ class ExperimentError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a value keeps the type YAML gave it (``true`` is not 1, ``"64"`` not 64, a
+    # float not an int); floats are finite (``.inf`` as a time or a budget is a typo).
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class SearchSettings(_Strict):
     sampler: Literal["tpe", "random", "grid", "cmaes", "gp"] = "tpe"
-    trials: int = Field(32, ge=1, description="trials per study, the default config included")
+    trials: int = Field(32, ge=1, le=MAX_TRIALS,
+                        description="trials per study, the default config included")
     timeout_s: float | None = Field(None, gt=0, description="wall-clock limit for the whole run")
     warm_start: bool = Field(True, description="enqueue the default config as the first trial")
     seed_from_packs: bool = Field(True, description="then the winners of the packs: this "
@@ -91,8 +103,14 @@ class TrackingSettings(_Strict):
     @field_validator("uri")
     @classmethod
     def _no_credentials(cls, v: str | None) -> str | None:
+        from harness.experiment.preflight import uri_problem
         from harness.tracking.redact import move_credentials
 
+        # Checked before the credentials move: a URI read wrongly would move part of a
+        # password and leave the rest in the URI. The message never holds the URI.
+        why = uri_problem(v) if v else None
+        if why:
+            raise ValueError(why)
         return move_credentials(v)
 
 
@@ -157,8 +175,20 @@ Choices = Annotated[list[StrictBool | StrictInt | StrictFloat | StrictStr],
                     Field(min_length=1)] | None
 
 
+def _not_empty(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    if v is not None and not v:
+        raise ValueError("empty: name the tunables to change, or leave the section out "
+                         "(the family's whole space is tuned without it)")
+    return v
+
+
 class SpaceSection(_Strict):
     params: dict[str, Choices] | None = None
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _not_empty(v)
 
 
 class SearchSpace(_Strict):
@@ -168,12 +198,30 @@ class SearchSpace(_Strict):
     vendors: dict[Literal["nvidia", "amd", "cpu"], SpaceSection | None] | None = None
     hardware: dict[str, SpaceSection | None] | None = None
 
+    @field_validator("params", "vendors")
+    @classmethod
+    def _sections(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _not_empty(v)
+
     @field_validator("hardware")
     @classmethod
     def _hw_sections(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         for key in v or {}:
             _check_hw_key(key)
-        return v
+        return _not_empty(v)
+
+
+def _each_once(v: list[Any], field: str) -> list[Any]:
+    """``v`` where no item repeats: each (shape, dtype, hardware) is one study, and a
+    repeat would be a second study of the same problem (its name, storage and pack
+    entry)."""
+    seen: dict[Any, int] = {}
+    for i, item in enumerate(v):
+        key = tuple(sorted(item.items())) if isinstance(item, dict) else item
+        if key in seen:
+            raise ValueError(f"{field}[{i}] repeats {field}[{seen[key]}]: list each once")
+        seen[key] = i
+    return v
 
 
 def _check_hw_key(key: str) -> None:
@@ -184,7 +232,7 @@ def _check_hw_key(key: str) -> None:
 
 
 class Experiment(_Strict):
-    name: str = Field(..., min_length=1)
+    name: str = Field(..., min_length=1, max_length=MAX_NAME)
     kernel: str = Field(..., min_length=1)
     shapes: list[dict[str, int]] = Field(..., min_length=1)
     dtypes: list[Literal["bf16", "fp16", "fp32"]] = Field(default_factory=lambda: ["bf16"],
@@ -197,7 +245,7 @@ class Experiment(_Strict):
     output: OutputSettings = Field(default_factory=OutputSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
     baselines: BaselineSettings = Field(default_factory=BaselineSettings)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
     @field_validator("name")
     @classmethod
@@ -206,9 +254,15 @@ class Experiment(_Strict):
             raise ValueError("use letters, digits, '.', '_' and '-' only")
         return v
 
+    @field_validator("shapes", "dtypes")
+    @classmethod
+    def _listed_once(cls, v: list[Any], info: ValidationInfo) -> list[Any]:
+        return _each_once(v, info.field_name or "")
+
     @field_validator("hardware")
     @classmethod
     def _hw_keys(cls, v: list[str]) -> list[str]:
+        _each_once(v, "hardware")
         for key in v:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", key):
                 raise ValueError(f"bad hardware key {key!r}")

@@ -7,16 +7,24 @@ recognise, such as the AMD Radeon PRO V710, need the resource declared at ``ray 
 --resources='{"accelerator_type:V710": 1}'``.
 
 A Ray that a run starts for itself listens on loopback only (``start_local_ray``):
-joining or starting a cluster (``ray start``, ``RAY_ADDRESS``) is how it is opened.
+joining or starting a cluster (``ray start``, ``RAY_ADDRESS``) is how it is opened. It
+ends with the run, however the run ends (``watch_session``).
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
 import os
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -92,9 +100,13 @@ def start_local_ray(**kw: Any) -> None:
     interfaces unless the node's address is loopback, and it resolves a loopback
     address given to ``ray.init`` to the host's own, except where clusters are turned
     off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``): the setting, read when Ray is
-    imported, is applied for the start and passed to the processes Ray starts."""
+    imported, is applied for the start and passed to the processes Ray starts.
+
+    The session is watched (``watch_session``): it ends with this process, however this
+    process ends; one that a killed run left is ended first."""
     from ray._private import ray_constants
 
+    end_orphaned_sessions()
     system = {**NO_PRESTART, **kw.pop("_system_config", {})}
     env = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
     before_env, before = os.environ.get(env), ray_constants.ENABLE_RAY_CLUSTER
@@ -105,6 +117,7 @@ def start_local_ray(**kw: Any) -> None:
             try:
                 ray.init(address="local", include_dashboard=False, _system_config=system,
                          **kw)
+                watch_session()
                 return
             except Exception as exc:  # Ray raises a bare Exception on its start timeout
                 # Ray waits a fixed 30 s for its raylet to register. On a loaded machine
@@ -126,6 +139,230 @@ def start_local_ray(**kw: Any) -> None:
             os.environ.pop(env, None)
         else:
             os.environ[env] = before_env
+
+
+# -- a run's own Ray ends with it -------------------------------------------------------
+# Ray ties its GCS and raylet to the driver (the kernel kills them when it dies), but not
+# the raylet's agents: after a `kill -9` of the driver, ray::DashboardAgent and
+# ray::RuntimeEnvAgent were re-parented to pid 1, each stuck for a minute reporting the
+# raylet's death to the dead GCS (SIGTERM waits behind that call), 127.0.0.1:52365 still
+# open. No signal reaches them through the kernel either: PR_SET_PDEATHSIG is set by a
+# process on itself, and the raylet, their parent, does not set it for them. So a
+# watchdog process (plain Python, no Ray: milliseconds to start) ends the session's
+# processes once the driver or the raylet is gone; a record of the session, per user,
+# lets the next run end what a watchdog killed with its driver left.
+#
+# The functions down to ``_watch`` run in the watchdog too (``_watchdog_program``): the
+# standard library only, and no name of this module besides each other.
+
+#: How often the watchdog looks at the driver and the raylet.
+WATCH_POLL_S = 0.5
+#: How long a session's process has after SIGTERM before SIGKILL.
+END_GRACE_S = 1.0
+
+
+def _proc_start(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks since boot), which tells it from a
+    later process given the same pid; None where there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _proc_alive(pid: int, start: int | None) -> bool:
+    """Whether the process that had ``pid`` and ``start`` still runs (not a zombie)."""
+    if _proc_start(pid) != start or start is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _session_members(record: dict) -> list[list[int]]:
+    """The live processes of the recorded Ray session, as [pid, start]: those recorded
+    as it started (GCS, raylet, monitors, agents), and the processes the raylet started
+    after it whose parent is no longer the raylet (agents, workers: their command lines
+    read ``ray::...``, their environment names the raylet's pid). A process another
+    raylet runs, one that took the pid since, has that raylet for its parent. This
+    user's processes only."""
+    raylet_pid, raylet_start = record["raylet"]
+    recorded = {tuple(p) for p in record["pids"]}
+    marker = f"RAY_RAYLET_PID={raylet_pid}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        pid = int(name)
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+                continue
+            start = _proc_start(pid)
+            if start is None:
+                continue
+            if (pid, start) in recorded:
+                out.append([pid, start])
+                continue
+            if start < raylet_start:
+                continue  # older than the session: not one of its processes
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            if ppid == raylet_pid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    out.append([pid, start])
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile, or is not ours to read
+    return out
+
+
+def _end_session(record: dict, grace_s: float = END_GRACE_S) -> int:
+    """End the recorded session's live processes: SIGTERM, then SIGKILL for those still
+    there after ``grace_s``; again for those a raylet ended meanwhile left orphaned
+    (they count as its members only once it is gone). How many there were."""
+    ended: set[tuple[int, int]] = set()
+    for _ in range(3):
+        members = [p for p in _session_members(record) if tuple(p) not in ended]
+        if not members:
+            break
+        ended.update(tuple(p) for p in members)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            left = [p for p in members if _proc_alive(*p)]
+            for pid, start in left:
+                if _proc_start(pid) == start:  # not a new process given the pid since
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+            deadline = time.monotonic() + grace_s
+            while left and time.monotonic() < deadline:
+                time.sleep(0.05)
+                left = [p for p in left if _proc_alive(*p)]
+            if not left:
+                break
+    return len(ended)
+
+
+def _watch(record_path: str) -> None:
+    """The watchdog: wait while the driver and the raylet run, then end what is left of
+    the session (all of it after a `kill -9` of the driver; stragglers after the
+    driver's ``ray.shutdown``) and drop its record."""
+    with open(record_path) as f:
+        record = json.load(f)
+    while _proc_alive(*record["owner"]) and _proc_alive(*record["raylet"]):
+        time.sleep(WATCH_POLL_S)
+    _end_session(record)
+    try:
+        os.unlink(record_path)
+    except OSError:
+        pass
+
+
+def _watchdog_program() -> str:
+    """The watchdog's source: the functions above and a call of ``_watch``."""
+    parts = ["from __future__ import annotations",
+             "import json, os, signal, sys, time",
+             f"WATCH_POLL_S = {WATCH_POLL_S!r}", f"END_GRACE_S = {END_GRACE_S!r}"]
+    parts += [inspect.getsource(fn) for fn in (_proc_start, _proc_alive, _session_members,
+                                               _end_session, _watch)]
+    parts.append("_watch(sys.argv[1])")
+    return "\n".join(parts)
+
+
+def sessions_dir() -> Path | None:
+    """This user's records of the Ray sessions runs started (created 0700); None where
+    there is no /proc, or the folder is not this user's own."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    top = Path(base) / f"kernel-harness-{os.getuid()}"
+    try:
+        top.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(top)
+        if st.st_uid != os.getuid() or not os.path.isdir(top) or os.path.islink(top):
+            return None  # another user's, or a link: a shared /tmp is not trusted
+        folder = top / "ray-sessions"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        return folder
+    except OSError:
+        return None
+
+
+def _write_record(path: Path, record: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def watch_session() -> Path | None:
+    """Record the Ray session this process just started and start its watchdog; the
+    record's path (None where it cannot be watched: no /proc, Ray's layout changed)."""
+    folder = sessions_dir()
+    if folder is None:
+        return None
+    try:
+        node = ray._private.worker._global_node
+        session_dir = node.get_session_dir_path()
+        pids = [info.process.pid for infos in node.all_processes.values() for info in infos]
+        raylet = node.all_processes["raylet"][0].process.pid
+    except (AttributeError, KeyError, IndexError, TypeError) as exc:
+        log.warning("the run's own Ray cannot be watched (%s): a killed run may leave its "
+                    "processes behind", exc)
+        return None
+    children = []
+    for name in os.listdir("/proc"):  # the raylet's agents, started before ray.init returned
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if int(f.read().rsplit(b")", 1)[1].split()[1]) == raylet:
+                    children.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    record = {"owner": [os.getpid(), _proc_start(os.getpid())],
+              "raylet": [raylet, _proc_start(raylet)], "session_dir": session_dir,
+              "pids": [[p, _proc_start(p)] for p in {*pids, *children}]}
+    path = folder / f"{Path(session_dir).name}.json"
+    _write_record(path, record)
+    try:
+        dog = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _watchdog_program(), str(path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd="/", start_new_session=True)  # no terminal's signals: it outlives the driver
+    except OSError as exc:
+        log.warning("the run's own Ray has no watchdog (%s): a killed run may leave its "
+                    "processes behind, for the next run to end", exc)
+        return path
+    _write_record(path, {**record, "watchdog": [dog.pid, _proc_start(dog.pid)]})
+    return path
+
+
+def end_orphaned_sessions() -> int:
+    """End the Ray sessions whose run was killed and whose watchdog is gone too (killed
+    with it): their agents hold ports and memory. How many processes were ended."""
+    folder = sessions_dir()
+    ended = 0
+    for path in sorted(folder.glob("*.json")) if folder else []:
+        try:
+            record = json.loads(path.read_text())
+            if _proc_alive(*record["owner"]) or (
+                    "watchdog" in record and _proc_alive(*record["watchdog"])):
+                continue  # its run goes on, or its watchdog is at it
+            n = _end_session(record)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("cannot read the Ray session record %s (%s): removed", path, exc)
+            n = 0
+        path.unlink(missing_ok=True)
+        if n:
+            log.warning("ended %d processes of the Ray session %s, which a killed run "
+                        "(process %s) left", n, record.get("session_dir"),
+                        record.get("owner", ["?"])[0])
+        ended += n
+    return ended
 
 
 def node_resources() -> dict[str, tuple[float, int]]:

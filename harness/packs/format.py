@@ -13,17 +13,28 @@ A pack is one JSON file per (hardware, kernel) at ``<dir>/<hardware>/<kernel>.js
 ENTRY = {"config": {...}, "metrics": {...}, "provenance": {...}}. JSON only: a pack is
 never pickled or evaluated. The schema is the pydantic models of ``schema``; the published
 JSON Schema (``pack.schema.json``, package data) is generated from them.
+
+Reading is defensive: only a regular file is opened (a FIFO, a device or a directory at a
+pack's place is refused unread), at most ``MAX_BYTES`` are read, and whatever the bytes
+hold (numbers of any size, nesting of any depth) comes back as ``PackError``. Paths made
+from names (``pack_path``, ``child``) stay inside their folder. A pack that is read,
+changed and written again (``freeze``, ``kharness packs merge --dir``) is changed under
+``locked``: writers in other processes wait rather than lose each other's entries.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
 import os
+import re
+import stat
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,10 +50,44 @@ MAX_BYTES = 8 * 1024 * 1024
 
 #: Merge policies: which entry wins when two packs hold the same (kernel, dtype, shape).
 MERGE_POLICIES = ("fastest", "newest")
+#: The most digits a JSON integer of a pack may have. Python's int() refuses more than
+#: 4,300 (a ValueError of its own); no tunable, shape or metric needs more than 20.
+MAX_INT_DIGITS = 100
 
 
 class PackError(ValueError):
     """A pack that cannot be trusted. The message names the file."""
+
+
+# -- names that become paths --------------------------------------------------------------
+def _component_error(name: Any) -> str | None:
+    """Why ``name`` cannot be one path component inside a folder (None if it can)."""
+    if not isinstance(name, str):
+        return f"{name!r} is not a string"
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        return f"{name!r} is not a single file name"
+    return None
+
+
+def child(folder: str | Path, name: str) -> Path:
+    """``folder / name``, where ``name`` is one file name: never a path that leaves
+    ``folder`` ('..', '/', NUL refused with PackError). Names from data go through this
+    (or ``safe_name`` first)."""
+    why = _component_error(name)
+    if why:
+        raise PackError(f"{why}: refusing a path outside {folder}")
+    return Path(folder) / name
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def safe_name(name: Any, fallback: str = "unnamed", limit: int = 128) -> str:
+    """``name`` as a file name: characters other than ``[A-Za-z0-9._-]`` become ``_``,
+    leading dots go (no hidden files, no '..'), at most ``limit`` characters;
+    ``fallback`` where only dots and underscores are left."""
+    out = _UNSAFE.sub("_", str(name)).lstrip(".")[:limit]
+    return out if out.strip("._") else fallback
 
 
 def json_schema() -> dict[str, Any]:
@@ -60,6 +105,12 @@ def checksum(data: Mapping[str, Any]) -> str:
 
 
 def pack_path(packs_dir: str | Path, hardware: str, kernel: str) -> Path:
+    """``<packs_dir>/<hardware>/<kernel>.json``; PackError where either name is not one
+    file name (a name from a pack, a record or an experiment never leaves packs_dir)."""
+    for what, name in (("hardware", hardware), ("kernel", kernel)):
+        why = _component_error(name)
+        if why:
+            raise PackError(f"{what} {why}: no pack can be named by it")
     return Path(packs_dir) / hardware / f"{kernel}.json"
 
 
@@ -74,33 +125,64 @@ def schema_error(data: Any) -> str | None:
 
 
 def validate(data: Any, where: str) -> dict[str, Any]:
-    """The schema (pack.schema.json) and the checksum; raises PackError naming ``where``."""
+    """The schema (pack.schema.json), the checksum, and one kernel per pack; raises
+    PackError naming ``where``."""
     if isinstance(data, dict) and "checksum" in data and "schema_version" in data \
             and data.get("schema_version") == SCHEMA_VERSION:
         # Checksum first: a tampered file says so rather than naming the field it broke.
         try:
             ok = data["checksum"] == checksum(data)
-        except (TypeError, ValueError):  # NaN or an unserialisable value
+        except (TypeError, ValueError, RecursionError):  # NaN, unserialisable, too deep
             ok = False
         if not ok:
             raise PackError(f"{where}: checksum mismatch (the file was modified or corrupted)")
-    why = schema_error(data)
+    try:
+        why = schema_error(data)
+    except RecursionError:
+        why = "nested too deeply"
     if why:
         raise PackError(f"{where}: wrong schema: {why}")
+    # The schema cannot relate two fields: entries of another kernel than the file's would
+    # be merged, listed and pushed, yet never checked against any kernel's constraints.
+    others = sorted(set(data["kernels"]) - {data["kernel"]})
+    if others:
+        raise PackError(f"{where}: kernels.{others[0]}: entries of kernel {others[0]!r} in "
+                        f"the {data['kernel']} pack (a pack holds its own kernel only)")
     return data
+
+
+class _TooManyDigits(ValueError):
+    pass
+
+
+def _bounded_int(digits: str) -> int:
+    # Python's own limit (4,300 digits) raises a ValueError that names no file; this one
+    # is lower and says what it is.
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _TooManyDigits(f"an integer of {len(digits.lstrip('-')):,} digits (at most "
+                             f"{MAX_INT_DIGITS} are allowed)")
+    return int(digits)
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """JSON from a file's bytes, whatever they are: PackError naming ``where`` for bytes
+    that are not UTF-8 JSON, integers of more than MAX_INT_DIGITS digits, or nesting
+    deeper than the interpreter's recursion limit."""
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except RecursionError:
+        raise PackError(f"{where}: not valid JSON (nested too deeply)") from None
+    except _TooManyDigits as exc:
+        raise PackError(f"{where}: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise PackError(f"{where}: not valid JSON (truncated or corrupted?): {exc}") from None
 
 
 def loads(text: str | bytes, where: str) -> dict[str, Any]:
     """Parse and validate a pack from its bytes; PackError names ``where``."""
     if len(text) > MAX_BYTES:
         raise _too_large(len(text), where)
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PackError(f"{where}: not valid JSON (truncated or corrupted?): {exc}") from None
-    except RecursionError:
-        raise PackError(f"{where}: not valid JSON (nested too deeply)") from None
-    return validate(data, where)
+    return validate(parse_json(text, where), where)
 
 
 def _too_large(size: int, where: str) -> PackError:
@@ -108,17 +190,41 @@ def _too_large(size: int, where: str) -> PackError:
                      "a pack may have: refused unread")
 
 
-def read_bytes(path: str | Path) -> bytes:
-    """A pack file's bytes, refusing one above MAX_BYTES before reading it."""
+def _not_regular(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
+
+
+def read_bytes(path: str | Path, limit: int | None = MAX_BYTES) -> bytes:
+    """A file's bytes, where it is a regular file (symlinks followed) of at most ``limit``
+    bytes (None: any size); PackError naming it otherwise, never a block: a FIFO or a
+    device is refused before it is opened, and the open itself does not wait."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_BYTES:
-                raise _too_large(size, str(path))
-            return f.read(MAX_BYTES + 1)
+        why = _not_regular(os.stat(path).st_mode)  # no open() of a FIFO or a device
+        if why:
+            raise PackError(f"{path}: {why}, not a pack file: refused unread")
+        # O_NONBLOCK: should a FIFO take the file's place after the stat, the open still
+        # returns at once, and fstat() below refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+                     | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            why = _not_regular(st.st_mode)
+            if why:
+                raise PackError(f"{path}: {why}, not a pack file: refused unread")
+            if limit is not None and st.st_size > limit:
+                raise _too_large(st.st_size, str(path))
+            raw = f.read() if limit is None else f.read(limit + 1)
     except OSError as exc:
         raise PackError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if limit is not None and len(raw) > limit:  # it grew while read
+        raise _too_large(len(raw), str(path))
+    return raw
 
 
 def read(path: str | Path) -> dict[str, Any]:
@@ -177,17 +283,57 @@ def write(path: str | Path, data: dict[str, Any]) -> Path:
     return write_text(path, dumps(data))
 
 
+def lock_path(path: str | Path) -> Path:
+    """The lock file of ``path``: hidden, beside it (``.<name>.lock``), so that listings
+    of packs (``*/*.json``, no dot files) never see it."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.lock")
+
+
+@contextlib.contextmanager
+def locked(path: str | Path) -> Iterator[Path]:
+    """Hold an exclusive ``flock`` on ``path``'s lock file while reading, changing and
+    writing ``path``: another process (or thread) doing the same waits. The kernel drops
+    the lock when its holder ends, however it ends. The lock file is left in place
+    (removing it would let a waiter lock a file that no longer has the name)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Read-only is enough for flock, so that a lock file another user created still locks.
+    fd = os.open(lock_path(path), os.O_RDONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                 file_mode())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def exists(path: str | Path) -> bool:
+    """Whether anything is at ``path`` (a dangling symlink, a FIFO, an unreadable file
+    included): what must then be a valid pack before it is changed."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True  # there may be something: read() says what
+    return True
+
+
 def freeze(packs_dir: str | Path, hardware: str, kernel: str, dtype: str,
            entries: Mapping[str, Mapping[str, Any]]) -> Path:
     """Merge winners (shape key -> entry) into the (hardware, kernel) pack on disk.
 
-    Entries for other shapes and dtypes already in the pack are kept.
+    Entries for other shapes and dtypes already in the pack are kept; the read, the
+    change and the write happen under ``locked``, so that runs freezing into one pack at
+    once keep each other's entries. A damaged pack there raises PackError (unchanged).
     """
     path = pack_path(packs_dir, hardware, kernel)
-    data = read(path) if path.is_file() else empty(hardware, kernel)
-    data["kernels"].setdefault(kernel, {}).setdefault(dtype, {}).update(
-        {k: dict(v) for k, v in entries.items()})
-    return write(path, data)
+    with locked(path):
+        data = read(path) if exists(path) else empty(hardware, kernel)
+        data["kernels"].setdefault(kernel, {}).setdefault(dtype, {}).update(
+            {k: dict(v) for k, v in entries.items()})
+        return write(path, data)
 
 
 def entries(data: Mapping[str, Any], kernel: str, dtype: str) -> dict[str, dict[str, Any]]:

@@ -9,7 +9,14 @@ Order: the exact shape, then the kernel's nearest shape (``Kernel.shape_distance
 the kernel's default config. A pack is rejected as a whole, with one warning naming the
 file, if it is unreadable, fails the schema or its checksum, is filed under the wrong
 hardware or kernel, or holds a config that fails the kernel's own ``check_config`` for its
-shape on that hardware: the application then runs on defaults and never crashes.
+shape on that hardware: the application then runs on defaults and never crashes. That
+holds for any bytes and any file type at a pack's place (a directory, a FIFO, a device, a
+symlink loop, a file or folder without read permission): whatever is found first is the
+pack, and what is not a readable pack is a rejected one.
+
+Bad *arguments* raise, as they always have: an unknown kernel (KeyError), a shape with a
+missing or unknown dim, or a dim that is not an integer (ValueError: ``M=1.9`` is an
+error, not ``M=1``), a hardware key that is not a name (ValueError).
 
 Entries tuned under another Triton or torch release (provenance ``triton``/``torch``, local
 build suffixes such as ``+cu130`` ignored) are used with one warning per file; strict mode
@@ -26,11 +33,14 @@ from __future__ import annotations
 
 import atexit
 import math
+import numbers
+import operator
 import os
 import re
 import sys
 import threading
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -102,7 +112,11 @@ def search_path() -> list[Path]:
     env = os.environ.get("HARNESS_PACKS")
     if env:
         return [Path(p) for p in env.split(os.pathsep) if p]
-    return [Path.cwd() / "packs", SHIPPED]
+    try:
+        cwd = Path.cwd()
+    except OSError:  # the working directory was removed: it has no packs
+        return [SHIPPED]
+    return [cwd / "packs", SHIPPED]
 
 
 def strict() -> bool:
@@ -112,14 +126,39 @@ def strict() -> bool:
     return os.environ.get("HARNESS_PACKS_STRICT", "").strip().lower() in ("1", "true", "yes")
 
 
-def configure(paths: list[str | Path] | None = _UNSET, *, strict: bool | None = _UNSET) -> None:
-    """Set the pack search path (None: back to the default) and/or strict mode (None: back
-    to ``$HARNESS_PACKS_STRICT``). Arguments not given stay as they are. Drops cached
-    packs and resolved lookups (not the stats or the recorded misses)."""
+def _directories(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """``paths`` as a list of Paths; TypeError for a single path (a string would
+    otherwise be taken one character at a time) or an item that is not a path."""
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        raise TypeError(f"packs.configure() takes a list of directories, not one "
+                        f"{type(paths).__name__}: configure([{str(paths)!r}])")
+    try:
+        items = list(paths)
+    except TypeError:
+        raise TypeError(f"packs.configure() takes a list of directories, not "
+                        f"{type(paths).__name__}") from None
+    bad = [p for p in items if not isinstance(p, (str, os.PathLike))]
+    if bad:
+        raise TypeError(f"packs.configure() takes a list of directories: {bad[0]!r} is not "
+                        "a path")
+    return [Path(p) for p in items]
+
+
+def configure(paths: Iterable[str | os.PathLike[str]] | None = _UNSET, *,
+              strict: bool | None = _UNSET) -> None:
+    """Set the pack search path (a list of directories, first match wins; None: back to
+    the default) and/or strict mode (None: back to ``$HARNESS_PACKS_STRICT``). Arguments
+    not given stay as they are. Drops cached packs and resolved lookups (not the stats or
+    the recorded misses). A single path (``configure("packs")``) is a TypeError: pass
+    ``["packs"]``. A refused call changes nothing."""
     global _paths, _strict
+    new_paths = _directories(paths) if paths is not _UNSET and paths is not None else None
+    if strict is not _UNSET and strict is not None and not isinstance(strict, bool):
+        raise TypeError(f"packs.configure(strict=...) takes True, False or None, not "
+                        f"{strict!r}")
     with _lock:
         if paths is not _UNSET:
-            _paths = [Path(p) for p in paths] if paths is not None else None
+            _paths = new_paths
         if strict is not _UNSET:
             _strict = strict
         _cache.clear()
@@ -216,14 +255,27 @@ def _load(hw: str, fam: kernel_api.Kernel) -> _Pack | None:
             return _cache[ck]
         pack = None
         for root in search_path():
-            path = fmt.pack_path(root, hw, fam.name)
-            if not path.is_file():
+            try:
+                path = fmt.pack_path(root, hw, fam.name)
+            except fmt.PackError as exc:  # a family whose name no file can have
+                _warn_once(("name", fam.name), f"no pack: {exc}; using defaults")
+                break
+            if not fmt.exists(path):
                 continue
+            # Anything at the pack's place is the pack: read() refuses what is not a
+            # regular file, unreadable or too large without blocking. Any other exception
+            # (a kernel's own check, bytes no check foresaw) also makes it a rejected
+            # pack: the application never crashes on a pack.
             try:
                 pack = _check_pack(fmt.read(path), str(path), hw, fam)
             except fmt.PackError as exc:
-                _warn_once(("bad", str(path)), f"ignoring pack: {exc}; using defaults")
-                pack = _Pack({}, str(path), rejected=str(exc))
+                why = str(exc)
+            except Exception as exc:  # noqa: BLE001 - see above
+                why = f"{path}: could not be checked ({type(exc).__name__}: {exc})"
+            else:
+                break
+            _warn_once(("bad", str(path)), f"ignoring pack: {why}; using defaults")
+            pack = _Pack({}, str(path), rejected=why)
             break  # the first pack found is the one used, good or bad
         _cache[ck] = pack
         return pack
@@ -249,13 +301,33 @@ def _record_miss(label: str, fam: kernel_api.Kernel, dtype: str, hw: str, shape:
     return rec
 
 
+def _dim(name: str, value: Any) -> int:
+    """A shape dim as an int: ints (numpy's too) and floats of integer value; ValueError
+    otherwise. Truncating would serve ``M=1.9`` the entry of ``M=1``. (A value equal to an
+    int, 4096.0, is that int everywhere: the cached fast path finds it as such.)"""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    if not isinstance(value, numbers.Real):
+        try:
+            return operator.index(value)  # torch.SymInt, 0-d integer tensors
+        except TypeError:
+            pass
+    raise ValueError(f"packs.lookup: {name}={value!r} is not an integer (shape dims are "
+                     "integers)")
+
+
 def _resolve(kernel: str | kernel_api.Kernel, dtype: str, hardware_key: str | None,
              shape: dict[str, Any]) -> tuple[Hit, list]:
     """The slow path: find the entry, count it, warn, and fill the fast path."""
     fam = kernel if isinstance(kernel, kernel_api.Kernel) else kernel_api.get(kernel)
     label = kernel if isinstance(kernel, str) else fam.name
     hw = hardware_key or hardware.current_device().key
-    norm = fam.validate_shape(shape)
+    if not isinstance(hw, str) or not fmt.safe_name(hw) == hw:
+        raise ValueError(f"packs.lookup: hardware key {hw!r} is not a hardware key (H100, "
+                         "H200, cpu, ...)")
+    norm = fam.validate_shape({k: _dim(k, v) for k, v in shape.items()})
     skey = fam.shape_key(norm)
     with _lock:
         pack = _load(hw, fam)
@@ -268,7 +340,7 @@ def _resolve(kernel: str | kernel_api.Kernel, dtype: str, hardware_key: str | No
                 break
             try:
                 d = fam.shape_distance(norm, row.shape)
-            except (KeyError, ValueError):
+            except Exception:  # noqa: BLE001 - a kernel's rule on a pack's shape: not near
                 continue
             if d < best_d:
                 best, best_d = row, d

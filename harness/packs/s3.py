@@ -127,10 +127,8 @@ def local_packs(packs_dir: str | Path) -> list[tuple[str, bytes, dict[str, Any]]
     pack raises PackError: it must not be published."""
     root = Path(packs_dir)
     out = []
-    for path in sorted(root.glob("*/*.json")):
-        if path.parent.name.startswith(".") or path.name.startswith("."):
-            continue  # staging and temp files
-        raw = fmt.read_bytes(path)
+    for path in _pack_files(root):
+        raw = fmt.read_bytes(path)  # PackError for a FIFO, a directory, no permission, ...
         data = fmt.loads(raw, str(path))
         rel = path.relative_to(root).as_posix()
         if (data["hardware"], data["kernel"]) != (path.parent.name, path.stem):
@@ -138,6 +136,29 @@ def local_packs(packs_dir: str | Path) -> list[tuple[str, bytes, dict[str, Any]]
                                 "pack under another name")
         verify.check(data, str(path))  # what lookup would refuse is not published
         out.append((rel, raw, data))
+    return out
+
+
+def _pack_files(root: Path) -> list[Path]:
+    """Every ``<hardware>/<kernel>.json`` under ``root`` whatever its file type, skipping
+    hidden names (staging, temporary and lock files); PackError for a folder that cannot
+    be listed: a push must not leave out what it cannot see."""
+    def listing(folder: Path) -> list[Path]:
+        try:
+            return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+        except OSError as exc:
+            raise fmt.PackError(f"{folder}: cannot list: {exc.strerror or exc}") from None
+
+    if not fmt.exists(root):
+        return []
+    out = []
+    for hw_dir in listing(root):
+        try:
+            if not hw_dir.is_dir():
+                continue
+        except OSError:
+            continue  # not a folder of packs (a symlink loop, ...): no pack there
+        out += [p for p in listing(hw_dir) if p.name.endswith(".json")]
     return out
 
 
@@ -321,6 +342,19 @@ def _swap(root: Path, staging: Path, rels: list[str]) -> list[Path]:
     move fails, every replaced pack comes back, so the live set is the old one or the
     new one, never a mix."""
     moved: list[tuple[Path, Path | None]] = []  # (destination, its old pack set aside)
+    with contextlib.ExitStack() as held:
+        # Under each pack's lock (in the order of their paths as strings, as a merge takes
+        # them: no deadlock): a merge or a run freezing into one of them waits, and then
+        # reads the pulled pack rather than overwriting it.
+        for rel in sorted(rels):
+            held.enter_context(fmt.locked(root / rel))
+        _move(root, staging, rels, moved)
+    return [dest for dest, _ in moved]
+
+
+def _move(root: Path, staging: Path, rels: list[str],
+          moved: list[tuple[Path, Path | None]]) -> None:
+    """``_swap``'s moves, each recorded in ``moved``; undone on any failure."""
     try:
         for rel in rels:
             dest = root / rel
@@ -339,7 +373,6 @@ def _swap(root: Path, staging: Path, rels: list[str]) -> list[Path]:
             elif old is None:
                 dest.unlink(missing_ok=True)
         raise
-    return [dest for dest, _ in moved]
 
 
 def _sweep_staging(root: Path) -> None:

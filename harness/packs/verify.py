@@ -1,6 +1,8 @@
 """The runtime's checks of a pack, beyond its schema and checksum: every entry is a shape
 of the pack's kernel, its config names only the kernel's tunables with values of their
-types, and passes the kernel's own constraints (``check_config``) on the pack's hardware.
+types, its launch options (``num_warps``, ``num_stages``, ``num_ctas``, ``maxnreg``) are
+within what the hardware launches, and it passes the kernel's own constraints
+(``check_config``) on the pack's hardware.
 
 Lookup applies them before serving a pack; ``kharness packs`` applies the same before
 listing a pack as ok, pushing, pulling or merging it, so a pack the runtime would reject
@@ -13,7 +15,37 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from harness import hardware, kernel_api
-from harness.packs.format import PackError
+from harness.packs.format import PackError, iter_entries
+
+#: Threads per block top out at 1,024 on every GPU: 32 warps of 32 lanes on NVIDIA, 16
+#: wavefronts of 64 on AMD (the interpreter takes what NVIDIA takes).
+_MAX_WARPS = {"nvidia": 32, "amd": 16}
+#: The launch options Triton takes beside a kernel's own meta-parameters: (smallest,
+#: largest or None for the hardware's warp limit, power of two). A family's tunables type
+#: them at most (an ad-hoc kernel not even that), and a family's check_config may not look
+#: at them: ``num_warps: 1024`` would reach the compiler.
+LAUNCH_RANGES: dict[str, tuple[int, int | None, bool]] = {
+    "num_warps": (1, None, True),
+    "num_stages": (0, 16, False),
+    "num_ctas": (1, 16, True),  # thread-block clusters: 8 portable, 16 at most
+    "maxnreg": (1, 255, False),  # registers per thread
+}
+
+
+def launch_options_error(config: Mapping[str, Any], spec: kernel_api.DeviceSpec
+                         ) -> str | None:
+    """Why a config's launch options cannot be launched on ``spec`` (None if they can)."""
+    for name, (lo, hi, pow2) in LAUNCH_RANGES.items():
+        if name not in config:
+            continue
+        v = config[name]
+        if isinstance(v, bool) or not isinstance(v, int):
+            return f"{name}={v!r}: not an integer"
+        top = hi if hi is not None else _MAX_WARPS.get(spec.vendor, 32)
+        if not lo <= v <= top or (pow2 and v & (v - 1)):
+            return (f"{name}={v}: must be {'a power of two ' if pow2 else ''}from {lo} to "
+                    f"{top} on {spec.key}")
+    return None
 
 
 def family(name: str) -> kernel_api.Kernel | None:
@@ -39,7 +71,8 @@ def entries(data: Mapping[str, Any], where: str, fam: kernel_api.Kernel
                 shape = fam.validate_shape(fam.parse_shape_key(skey))
             except (KeyError, ValueError) as exc:
                 raise PackError(f"{at}: not a {fam.name} shape key ({exc})") from None
-            why = fam.check_tunables(entry["config"])
+            why = fam.check_tunables(entry["config"]) or launch_options_error(
+                entry["config"], spec)
             if why:
                 raise PackError(f"{at}: config: {why}")
             try:
@@ -53,9 +86,15 @@ def entries(data: Mapping[str, Any], where: str, fam: kernel_api.Kernel
 
 def check(data: Mapping[str, Any], where: str, fam: kernel_api.Kernel | None = None) -> None:
     """Every check lookup applies to a pack of a known family (see the module doc); a pack
-    whose kernel no family describes is checked by its schema only. PackError on failure."""
+    whose kernel no family describes is checked by its schema and launch options only.
+    PackError on failure."""
     fam = fam or family(data["kernel"])
-    if fam is None:
+    if fam is None:  # no tunables or constraints known: the launch options still apply
+        spec = hardware.spec_for_key(data["hardware"])
+        for kname, dtype, skey, entry in iter_entries(data):
+            why = launch_options_error(entry["config"], spec)
+            if why:
+                raise PackError(f"{where}: kernels.{kname}.{dtype}.{skey}: config: {why}")
         return
     if data["kernel"] != fam.name:
         raise PackError(f"{where}: the pack is for kernel {data['kernel']!r}, not {fam.name!r}")

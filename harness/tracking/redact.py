@@ -32,8 +32,12 @@ SECRET_ENV = (
 )
 # Shorter values would mask ordinary words ("1", "true").
 _MIN_SECRET_LEN = 6
+# The password runs to the last '@' of the URI, not its first '/': a password holding an
+# unencoded '/', '?', '#' or '@' is still a password (``http://u:ab/cd@host``). Quotes
+# and brackets end a URI written inside a repr or JSON. A URI with an '@' in its path
+# loses that path too; masking more is the safe side.
 _URI_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):"
-                           r"(?P<pw>[^@/\s]+)@")
+                           r"(?P<pw>[^\s'\"<>()\[\]{}]+)@")
 # AWS access key ids have a fixed shape; secret keys are caught by value above.
 _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")
 

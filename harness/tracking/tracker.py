@@ -93,14 +93,33 @@ def _finite(metrics: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+class TrackingError(RuntimeError):
+    """MLflow's store could not be opened as the run started. The message is redacted
+    and carries no cause: MLflow's own errors print the whole URI, password included."""
+
+
 class Tracker:
     """MLflow runs for one experiment invocation."""
 
     def __init__(self, uri: str | None, experiment: str):
+        from harness.tracking.redact import redact
+
+        self.uri = tracking_uri(uri)
+        self._sql: Any = None  # MLflow's SQL store (``sql_store``); False: none
+        self._bulk_failures = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._artifact_root: str | None = None
+        try:
+            self._open(experiment)
+        except Exception as exc:
+            raise TrackingError(redact(
+                f"MLflow tracking at {self.uri} could not start: {type(exc).__name__}: "
+                f"{str(exc)[:500]}")) from None
+
+    def _open(self, experiment: str) -> None:
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        self.uri = tracking_uri(uri)
         if self.uri.startswith("sqlite:"):
             _sqlite_fast_commits()  # before MLflow's engine opens its first connection
         # MLflow prints "View run ... at: <url>" to stdout as a run ends on a tracking
@@ -109,10 +128,6 @@ class Tracker:
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(self.uri)
         self.experiment_id = _experiment_id(self.client, experiment)
-        self._sql: Any = None  # MLflow's SQL store (``sql_store``); False: none
-        self._bulk_failures = 0
-        self._pool: ThreadPoolExecutor | None = None
-        self._artifact_root: str | None = None
 
     def sql_store(self) -> Any:
         """MLflow's SQL store behind this tracker (a database URI), which

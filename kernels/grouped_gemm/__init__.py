@@ -52,6 +52,10 @@ else:
 __all__ = ["AMD_KWARGS", "GroupedGemm", "Launch", "counts_to_offsets", "make_grouped_inputs"]
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_ITEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: Up to this many experts the byte model counts those seed 0's routing gives rows
+#: (drawn: milliseconds); past it, their expected number (closed form).
+EXACT_EXPERTS = 1 << 16
 # A bound, not a library choice: the benchmark gives rows named "bound: ..." no roofline.
 DENSE_BOUND = "bound: dense cuBLAS GEMM of the same FLOPs (not the same result)"
 
@@ -169,8 +173,15 @@ class GroupedGemm(Launches, Kernel):
     @classmethod
     def _experts_used(cls, shape: Shape) -> int:
         """Experts with rows in seed 0's routing. Past a million rows every expert the
-        routing does not leave unused gets rows, so the draw of the rows is skipped."""
+        routing does not leave unused gets rows, so the draw of the rows is skipped.
+        Past ``EXACT_EXPERTS`` experts the routing is not drawn at all (it takes 9 bytes
+        and ~90 ns an expert: 26 s and 3 GB at 3e8): the expected count of a uniform
+        draw over the experts the routing keeps, at most one an expert and one a row."""
         M, E = int(shape["M"]), int(shape["E"])
+        if E > EXACT_EXPERTS:
+            kept = E * (1 - 1 / 16)  # each expert is unused with probability 1/16
+            expected = kept * -math.expm1(-M / kept)
+            return max(1, min(M, E, round(expected)))
         if M <= 1 << 20:
             return sum(1 for c in cls.routing_counts(shape, 0) if c)
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -258,11 +269,20 @@ class GroupedGemm(Launches, Kernel):
         """A, the output, the offsets, and the weights of the experts that get rows: an
         expert without rows is never read. Which experts those are is the routing's
         (``routing_counts``); this counts ``make_inputs``' routing of seed 0, the one the
-        benchmark measures (another seed's differs by an expert or two at small M)."""
+        benchmark measures (another seed's differs by an expert or two at small M), or
+        past ``EXACT_EXPERTS`` experts their expected number (``_experts_used``)."""
         M, N, K, E = (int(shape[d]) for d in self.dims)
-        item = torch.tensor([], dtype=_TORCH_DTYPES[dtype]).element_size()
+        item = _ITEM_BYTES[dtype]
         used = self._experts_used(shape)
         return float((M * K + used * N * K + M * N) * item + (E + 1) * 4)
+
+    def footprint_bytes(self, shape: Shape, dtype: str) -> float:
+        """The device memory ``make_inputs`` allocates and a call writes: A, W of every
+        expert (those without rows too), the offsets and the output. What must fit the
+        device, where ``bytes_moved`` is what a call must read; a closed form."""
+        M, N, K, E = (int(shape[d]) for d in self.dims)
+        item = _ITEM_BYTES[dtype]
+        return float((M * K + E * N * K + M * N) * item + (E + 1) * 4)
 
     # -- accuracy and validity --------------------------------------------------------
     def tolerance(self, dtype: str, config: Config) -> Tolerance:
