@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/bookkeeping_bench.py --trials 1440 --studies 8
         [--mode threads|processes|both] [--rate TRIALS_PER_S] [--tick N]
 
-Feeds synthetic trials through ``WriteBehindStorage`` and ``Logs`` as ``harness/run.py``
-and ``harness/schedule.py`` do: each trial asked and told in memory (eight categorical
+Feeds synthetic trials through ``WriteBehindStorage`` and ``Logs`` as ``harness/run/runner.py``
+and ``harness/run/schedule.py`` do: each trial asked and told in memory (eight categorical
 parameters, the ``status`` and ``result`` attributes a real trial carries), its MLflow
 record held (``Logs.hold``) and, every ``--tick`` trials (one pass of the scheduler's
 loop), ``logs.release(storage.poll_stored())``. At the end, as a run does:
@@ -45,9 +45,9 @@ sys.path.insert(0, str(ROOT))  # run from anywhere without installing
 import optuna  # noqa: E402
 from optuna.distributions import CategoricalDistribution  # noqa: E402
 
-from harness.run_logging import Logs, trial_record  # noqa: E402
+from harness.search.write_behind import WriteBehindStorage  # noqa: E402
+from harness.tracking.run_logging import Logs, trial_record  # noqa: E402
 from harness.tracking.tracker import Tracker  # noqa: E402
-from harness.write_behind import WriteBehindStorage  # noqa: E402
 
 #: A grouped GEMM's space, roughly: eight parameters a trial's config holds.
 SPACE = {"BLOCK_M": [64, 128, 256], "BLOCK_N": [64, 128, 256], "BLOCK_K": [32, 64, 128],

@@ -193,7 +193,8 @@ def main() -> int:
     if not torch.cuda.is_available() and not args.smoke:
         print("needs a GPU (or --smoke for a plumbing check on the CPU)", file=sys.stderr)
         return 2
-    from harness import hardware, packs
+    from harness import packs
+    from harness.measure import hardware
 
     device = hardware.current_device()
     shapes = [tuple(int(x) for x in s.split(",")) for s in

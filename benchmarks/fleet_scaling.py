@@ -62,8 +62,8 @@ def child(experiment: str, out: str, simulate: int, key: str, overrides: list[st
                             "PYTHONPATH", "")}})
     from rich.console import Console
 
-    from harness import jsonsafe
-    from harness.run import run
+    from harness.run.runner import run
+    from harness.tracking import jsonsafe
 
     summary = run(experiment, console=Console(stderr=True), progress=False,
                   overrides=overrides, started_at=harness.IMPORTED_AT, stop_own_ray=True)

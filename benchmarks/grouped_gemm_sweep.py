@@ -28,8 +28,8 @@ if not torch.cuda.is_available():  # Triton only runs interpreted on the CPU
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import hardware, packs  # noqa: E402
-from harness.measure import Measurer, Timing, TrialResult  # noqa: E402
+from harness import packs  # noqa: E402
+from harness.measure.timing import Measurer, Timing, TrialResult, hardware  # noqa: E402
 from kernels.grouped_gemm import GroupedGemm  # noqa: E402
 
 TOP_K = 6
@@ -144,7 +144,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"# grouped_gemm sweep over M ({report['device']})",
         "",
         f"- N={BASE['N']}, K={BASE['K']}, E={BASE['E']}, bf16; M = tokens x top-{TOP_K} "
-        "(M=128 is taken as M itself); median ms, timed by harness.measure "
+        "(M=128 is taken as M itself); median ms, timed by harness.measure.timing "
         f"(warmup {report['timing']['warmup_ms']} ms, rep {report['timing']['rep_ms']} ms).",
         f"- `{DENSE}`: one [M,K]x[K,N] GEMM, a speed yardstick; never a winner.",
         "",

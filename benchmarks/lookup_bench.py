@@ -34,7 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without installing
 
-from harness import hardware, kernel_api, packs  # noqa: E402
+from harness import packs  # noqa: E402
+from harness.kernel import api as kernel_api  # noqa: E402
+from harness.measure import hardware  # noqa: E402
 from harness.packs import format as fmt  # noqa: E402
 from harness.packs.lookup import SHIPPED  # noqa: E402
 

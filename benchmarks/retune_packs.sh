@@ -38,7 +38,7 @@ print('triton', triton.__version__, 'torch', torch.__version__)"; \
   echo "git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "${HARNESS_GIT_SHA:-unknown}")"; } \
   > "$OUT/device.txt" 2>&1
 
-GPU="$("$PY" -c "from harness.hardware import current_device; print(current_device().key)")"
+GPU="$("$PY" -c "from harness.measure.hardware import current_device; print(current_device().key)")"
 mkdir -p "$WORK/packs"
 cp -r "$ROOT/harness/packs/shipped/$GPU" "$WORK/packs/" 2>/dev/null || mkdir -p "$WORK/packs/$GPU"
 

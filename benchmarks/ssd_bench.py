@@ -5,7 +5,7 @@ that meets the family's tolerance; then, at every ``--Ls`` length, the five-kern
 (the shipped pack's config and the default five config), the fused default config and the
 sweep's winner are timed in the same process, each checked by its max abs error against an
 fp64 reference (the minimal chunked SSD on upcast inputs). Timing is the harness's own
-(``harness.measure.time_fn``: ``triton.testing.do_bench`` median, L2 flushed).
+(``harness.measure.timing.time_fn``: ``triton.testing.do_bench`` median, L2 flushed).
 
     python benchmarks/ssd_bench.py --out results/        # table on stdout, ssd_bench.json
 
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import triton
 
-from harness.hardware import current_device
-from harness.measure import Timing, time_fn
+from harness.measure.hardware import current_device
+from harness.measure.timing import Timing, time_fn
 from kernels.mamba2_ssd import Mamba2SSD, ssd_minimal
 
 KERNEL = Mamba2SSD()

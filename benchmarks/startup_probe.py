@@ -52,10 +52,10 @@ print({"import": t1 - t0, "start": t2 - t1, "actor_ready": t4 - t3, "actor_impor
     "import_s": """
 import time; t0 = time.monotonic()
 import harness.cli.run_command; t1 = time.monotonic()
-import harness.run; t2 = time.monotonic()
+import harness.run.runner; t2 = time.monotonic()
 import torch; t3 = time.monotonic()
 import triton; t4 = time.monotonic()
-print({"cli": t1 - t0, "harness.run": t2 - t1, "torch": t3 - t2, "triton": t4 - t3})
+print({"cli": t1 - t0, "harness.run.runner": t2 - t1, "torch": t3 - t2, "triton": t4 - t3})
 """,
 }
 

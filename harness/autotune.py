@@ -43,8 +43,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import hardware, kernel_api
 from harness import packs as _packs
+from harness.kernel import api as kernel_api
+from harness.measure import hardware
 from harness.packs import format as fmt
 
 #: Launch options a config may carry besides the kernel's own meta-parameters.

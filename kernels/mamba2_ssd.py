@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
 from kernels import _ssd_triton as K
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, SingleLaunch, Tolerance
+from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, SingleLaunch, Tolerance
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Launch, Shape, Tolerance
+from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Launch, Shape, Tolerance
 from kernels._minigpt_triton import (
     _bias_gelu_kernel,
     _bias_residual_kernel,

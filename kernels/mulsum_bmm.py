@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
 
 IMPLS = ("broadcast_chunked", "bmm", "triton")
 PRECISIONS = ("ieee", "tf32", "tf32x3")

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from harness.kernel_api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
 from kernels._triton_common import softplus as _softplus
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernel_api import Config, Inputs, Kernel, Shape, Tolerance
+from harness.kernel.api import Config, Inputs, Kernel, Shape, Tolerance
 
 FAULTS = ("none", "compile", "oor", "illegal", "hang", "wrong", "nan")
 
@@ -222,13 +222,13 @@ class WrongDefault(Faulty):
 
 
 def run_quietly(path: str | os.PathLike) -> Any:
-    """``harness.run.run`` of the experiment at ``path``, its console output discarded:
+    """``harness.run.runner.run`` of the experiment at ``path``, its console output discarded:
     the run's Summary."""
     import io
 
     from rich.console import Console
 
-    from harness.run import run
+    from harness.run.runner import run
 
     return run(path, console=Console(file=io.StringIO(), width=200), progress=False)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import bench
+from harness.measure import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,7 @@ def test_cost_markdown_without_sections_is_empty() -> None:
 
 
 def test_combine_takes_the_median_round_and_keeps_failures() -> None:
-    from harness.measure import TrialResult
+    from harness.measure.timing import TrialResult
 
     def ok(ms: float) -> TrialResult:
         return TrialResult(ok=True, latency_ms=ms, p20_ms=ms - 0.1, p80_ms=ms + 0.1)
@@ -117,7 +117,7 @@ def test_combine_takes_the_median_round_and_keeps_failures() -> None:
 def test_torch_compile_baseline_is_compiled_once_and_timed_every_round() -> None:
     """The torch.compile row on the CPU (inductor's C++ backend): compiled before the
     rounds, then timed in each round like the others, with its compile time noted."""
-    from harness.measure import Measurer, Timing
+    from harness.measure.timing import Measurer, Timing
 
     case = bench.Case("rmsnorm", "test", "fp32", compile=True)
     got = bench.bench_case(case, Measurer(Timing()), {}, "cpu", rounds=2)

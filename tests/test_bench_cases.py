@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import bench, kernel_api
+from harness.kernel import api as kernel_api
+from harness.measure import bench
 
 
 def test_the_default_cases_are_package_data_and_valid() -> None:

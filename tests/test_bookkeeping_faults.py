@@ -15,9 +15,9 @@ import pytest
 import ray
 from mlflow.tracking import MlflowClient
 
-from harness import run_logging, write_behind
 from harness.fleet.cluster import NO_PRESTART
-from harness.search import storage_url
+from harness.search import storage_url, write_behind
+from harness.tracking import run_logging
 from harness.tracking import tracker as track
 
 STALL_S = 2.0  # the waits' limit, scaled down from 20 s: the same code path
@@ -43,7 +43,7 @@ def _record(study_run: str, number: int) -> dict:
 
 def _bookkeeping(tmp_path: Path, db: Path, processes: bool, trials: int = 6
                  ) -> tuple[float, float, list[str], write_behind.WriteBehindStorage, str]:
-    """A search's bookkeeping as ``harness/run.py`` does it (trials told, their records
+    """A search's bookkeeping as ``harness/run/runner.py`` does it (trials told, their records
     held and released as they are stored), then the run's end: ``storage.close()``,
     ``logs.release(storage.stored)``, ``logs.flush()``. Returns the seconds ``close``
     took, the seconds the end took, the flush's errors, the storage and the study run."""

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from harness import cli
-from harness.run import Summary
+from harness.run.runner import Summary
 from harness.tracking import redact
 
 ROW = {"hardware": "cpu", "kernel": "grouped_gemm", "shape": "M=200,N=64,K=64,E=3",
@@ -39,7 +39,7 @@ def fake_run(tmp_path, monkeypatch):
             stop_own_ray=False):
         seen["progress"], seen["overrides"], seen["resume"] = progress, list(overrides), resume
         seen["started_at"] = started_at
-        logging.getLogger("harness.run").warning("connecting with key %s to %s", secret, URI)
+        logging.getLogger("harness.run.runner").warning("connecting with key %s to %s", secret, URI)
         # A speedup with no baseline is NaN in the summary (the table prints "-").
         return Summary(rows=[dict(ROW), {**ROW, "speedup_vs_compile": float("nan"),
                                          "search_ms": float("inf")}],
@@ -51,7 +51,7 @@ def fake_run(tmp_path, monkeypatch):
                        timeline={"ray_connected": 7.2, "workers_ready": 12.0,
                                  "first_trial": 13.0, "last_result": 40.5, "done": 41.7})
 
-    monkeypatch.setattr("harness.run.run", run)
+    monkeypatch.setattr("harness.run.runner.run", run)
     return exp, secret, seen
 
 
@@ -170,9 +170,12 @@ def test_baselines_come_after_the_search_in_its_final_rounds(tmp_path):
     import dataclasses
     from types import SimpleNamespace
 
-    from harness import experiment, freeze, run, schedule
-    from harness.hardware import spec_for_key
-    from harness.measure import TrialResult
+    from harness import experiment
+    from harness.measure.hardware import spec_for_key
+    from harness.measure.timing import TrialResult
+    from harness.packs import freeze
+    from harness.run import runner as run
+    from harness.run import schedule
 
     exp = experiment.Experiment(name="x", kernel="matmul",
                                 shapes=[{"M": 256, "N": 256, "K": 256}],
@@ -229,7 +232,7 @@ def test_a_bad_override_names_the_field_and_exits_2(fake_run, capsys):
 
 
 def _grouped_gemm_row(shape: str, **config) -> dict:
-    from harness import kernel_api
+    from harness.kernel import api as kernel_api
 
     full = {**kernel_api.get("grouped_gemm").default_config, **config}
     return {**ROW, "hardware": "H200", "shape": shape, "dtype": "bf16", "config": full,
@@ -242,8 +245,8 @@ def test_the_summary_fits_100_columns():
     change from the kernel's default (the default's own values are not repeated)."""
     from rich.console import Console
 
-    from harness import kernel_api
     from harness.cli.summary import WIDTH, print_summary
+    from harness.kernel import api as kernel_api
 
     default = kernel_api.get("grouped_gemm").default_config
     # A winner that differs from the default in every tunable but BLOCK_K and GROUP_M.

@@ -68,7 +68,7 @@ BAD_FILES = [
     # kernel paths
     ({"kernel": ":Foo"}, "kernel", "unknown kernel"),
     ({"kernel": "os:"}, "kernel", "unknown kernel"),
-    ({"kernel": "json:JSONDecoder"}, "kernel", "not a harness.kernel_api.Kernel"),
+    ({"kernel": "json:JSONDecoder"}, "kernel", "not a harness.kernel.api.Kernel"),
     # hardware names
     ({"hardware": ["H900"]}, "hardware", "known keys are"),
     ({"hardware": ["H100", "H900"]}, "hardware", "H900"),
@@ -165,7 +165,7 @@ def test_overrides_apply_over_the_file_before_validation(tmp_path) -> None:
 
 
 def test_the_declared_tunables_are_typed():
-    from harness import kernel_api
+    from harness.kernel import api as kernel_api
 
     gg = kernel_api.get("grouped_gemm").declared_tunables()
     assert gg["BLOCK_M"].type == "int" and gg["BLOCK_M"].why_not(16) is None
@@ -250,7 +250,7 @@ def test_a_shape_costs_the_same_to_check_at_any_size(tmp_path, hardware, accepte
     import resource
     import time
 
-    from harness import kernel_api
+    from harness.kernel import api as kernel_api
 
     kernel_api.get("grouped_gemm")  # its import (torch) is not the check
     path = _write(tmp_path, yaml.safe_dump({
@@ -290,7 +290,7 @@ def test_the_console_script_imports_a_kernel_from_the_working_directory(tmp_path
     import importlib
     import sys
 
-    from harness import kernel_api
+    from harness.kernel import api as kernel_api
 
     cli_main = importlib.import_module("harness.cli.main")
     (tmp_path / "kh_cwd_kernel.py").write_text(

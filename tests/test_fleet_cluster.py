@@ -28,8 +28,8 @@ from rich.console import Console
 
 from harness.fleet import Fleet, NoHardwareError, Task
 from harness.fleet.cluster import NO_PRESTART
-from harness.measure import Timing
-from harness.run import run
+from harness.measure.timing import Timing
+from harness.run.runner import run
 from kernels.grouped_gemm import GroupedGemm
 from tests.fault_kernels import Faulty, read_events
 
@@ -70,7 +70,7 @@ def events(cl) -> Path:
 
 def _nodes_by_key() -> dict[str, set[str]]:
     """Hardware key -> ids of the live nodes advertising it."""
-    from harness.hardware import hardware_key
+    from harness.measure.hardware import hardware_key
 
     out: dict[str, set[str]] = {}
     for node in ray.nodes():
@@ -448,7 +448,7 @@ def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(
     """The GPU times whatever is compiled: queued configs whose compile child is done run
     ahead of an older one whose compile takes seconds, and the wait that is left is
     booked as setup, not as the driver's idle time."""
-    import harness.schedule as hschedule
+    import harness.run.schedule as hschedule
 
     # Only the default is compiled while the worker starts: the grid's configs compile
     # as they are queued, so that the slow ones are still compiling when the fast run.
@@ -537,7 +537,7 @@ def test_kept_workers_serve_the_next_run(cl, events, tmp_path: Path, monkeypatch
         assert start["compiles_sent"] == 2
         assert second.rows[0]["default_latency_ms"] > 0
         # Other code (here: another kernel file digest) must not run on the kept worker.
-        import harness.run as hrun
+        import harness.run.runner as hrun
 
         monkeypatch.setattr(hrun, "_code_version", lambda exp: "other-code")
         third, _ = _run(_experiment(tmp_path, name="keep3", **fields))

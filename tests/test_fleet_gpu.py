@@ -19,8 +19,8 @@ import yaml
 from rich.console import Console
 
 from harness.fleet import Fleet, Task, materialise, skeleton
-from harness.measure import Timing
-from harness.run import run
+from harness.measure.timing import Timing
+from harness.run.runner import run
 from kernels.grouped_gemm import GroupedGemm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -227,7 +227,7 @@ def test_compile_children_warm_up_with_a_real_compile(tmp_path: Path, monkeypatc
     """A compile child's warm-up builds a small tl.dot kernel for this GPU (on meta
     tensors: nothing launched), so its first real config does not pay for loading
     Triton's backend."""
-    from harness import _compile_warmup
+    from harness.measure import compile_warmup as _compile_warmup
 
     cache = tmp_path / "triton-cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))

@@ -24,7 +24,7 @@ from ray.cluster_utils import Cluster
 from rich.console import Console
 
 from harness.fleet.cluster import NO_PRESTART
-from harness.run import run
+from harness.run.runner import run
 from tests.fault_kernels import Faulty, read_events
 
 # Each run's MLflow store is a copy of one built once: a new store migrates (seconds of CPU).

@@ -21,9 +21,9 @@ from harness.experiment import ExperimentError, SearchSettings, StudySpec
 from harness.fleet import Fleet, NoHardwareError, check_placement
 from harness.fleet import compile as fleet
 from harness.fleet.compile import Precompiler
-from harness.hardware import spec_for_key
-from harness.measure import Timing, TrialResult
-from harness.run import _device_from_info, _missing_message
+from harness.measure.hardware import spec_for_key
+from harness.measure.timing import Timing, TrialResult
+from harness.run.runner import _device_from_info, _missing_message
 from harness.search import Search, make_storage, storage_url
 from tests.fault_kernels import read_events
 
@@ -276,8 +276,9 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
     """An exhaustive grid's configs are known before its search: the first study hands
     every one that passes static pruning (on the key's static spec) to a new worker to
     compile while it starts, after the default; a sampled space gives the default only."""
-    from harness import kernel_api, spaces
-    from harness.schedule import known_configs as _known_configs
+    from harness.kernel import api as kernel_api
+    from harness.run.schedule import known_configs as _known_configs
+    from harness.search import spaces
 
     path = Path(__file__).resolve().parents[1] / "configs" / "matmul_grid216.yaml"
     packs = tmp_path / "packs"
@@ -320,7 +321,7 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
     with_seed = _known_configs(exp, spec, path)
     assert with_seed[1] == {k: seed[k] for k in space} and len(with_seed) == len(known) + 1
     # A large grid: its first configs in the order they will be asked, up to the cap.
-    import harness.schedule as hschedule
+    import harness.run.schedule as hschedule
 
     monkeypatch.setattr(hschedule, "MAX_KNOWN", 12)
     capped = _known_configs(exp, spec, path)

@@ -1,4 +1,4 @@
-"""The run's studies in memory, written behind the driver (harness/write_behind.py):
+"""The run's studies in memory, written behind the driver (harness/search/write_behind.py):
 finished trials reach the SQLite storage in the order of their numbers, a reopened study
 has them all, and changes to a trial the storage already had are written too; a batch of
 trials written in one transaction reads back as Optuna's own ``create_new_trial`` writes
@@ -14,10 +14,9 @@ import pytest
 import ray
 from optuna.trial import TrialState
 
-from harness import write_behind
 from harness.fleet.cluster import start_local_ray
-from harness.search import make_storage, storage_url
-from harness.write_behind import WriteBehindStorage
+from harness.search import make_storage, storage_url, write_behind
+from harness.search.write_behind import WriteBehindStorage
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import spaces
-from harness.hardware import current_device, spec_for_key
-from harness.measure import compare
+from harness.measure.hardware import current_device, spec_for_key
+from harness.measure.timing import compare
+from harness.search import spaces
 from kernels.fused_elementwise import RMSNorm, SiLU, SiLUMul, SoftplusClamp
 
 FAMILIES = [RMSNorm(), SiLU(), SiLUMul(), SoftplusClamp()]

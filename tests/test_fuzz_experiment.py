@@ -118,7 +118,7 @@ class _Validated(Exception):
 
 @pytest.mark.slow
 def test_mutated_experiment_files_never_crash_and_write_nothing(monkeypatch, capsys):
-    import harness.run
+    import harness.run.runner
     from harness import experiment
 
     def stand_in(path: Any, *args: Any, overrides: Any = (), **kwargs: Any) -> Any:
@@ -129,7 +129,7 @@ def test_mutated_experiment_files_never_crash_and_write_nothing(monkeypatch, cap
         experiment.check_semantics(path, exp)
         raise _Validated
 
-    monkeypatch.setattr(harness.run, "run", stand_in)
+    monkeypatch.setattr(harness.run.runner, "run", stand_in)
     # A URI's credentials move into MLflow's variables as it is read: gone after the test.
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(var, "")

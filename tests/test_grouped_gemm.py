@@ -15,8 +15,8 @@ import pytest
 import torch
 import triton
 
-from harness import spaces
-from harness.kernel_api import DeviceSpec, get
+from harness.kernel.api import DeviceSpec, get
+from harness.search import spaces
 from kernels import grouped_gemm
 from kernels.grouped_gemm import GroupedGemm, constraints, make_grouped_inputs
 
@@ -590,7 +590,7 @@ TMA_CONFIGS = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", TMA_CONFIGS, ids=lambda c: str(sorted(c.items())))
 def test_gpu_tma_seed_shape_bf16(device: str, config: dict) -> None:
-    from harness import hardware
+    from harness.measure import hardware
 
     spec = hardware.current_device()
     if not spec.has_tma:
@@ -634,7 +634,8 @@ def test_gpu_this_gpus_pack(device: str, counts: list[int] | None) -> None:
     routing and on ragged experts (empty, one-row, 12k-row): each element written, within
     the kernel's tolerance. A pack entry is what applications run without tuning, and a
     grid can freeze a config no listed GPU test has run."""
-    from harness import hardware, packs
+    from harness import packs
+    from harness.measure import hardware
 
     spec = hardware.current_device()
     pack, _ = packs.load(spec.key, "grouped_gemm")
@@ -684,7 +685,7 @@ def test_gpu_baselines(device: str, m: int) -> None:
 def test_gpu_in_a_cuda_graph(device: str, use_tma: int) -> None:
     """The launch captures into a CUDA graph (what MoE serving does); a replay after the
     routing changed in the same offsets buffer gives the new answer."""
-    from harness import hardware
+    from harness.measure import hardware
 
     if use_tma and not hardware.current_device().has_tma:
         pytest.skip("no TMA on this GPU")

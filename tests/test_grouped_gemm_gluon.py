@@ -17,7 +17,7 @@ import pytest
 import torch
 import triton
 
-from harness.kernel_api import DeviceSpec
+from harness.kernel.api import DeviceSpec
 from kernels import grouped_gemm
 from kernels.grouped_gemm import GroupedGemm, make_grouped_inputs
 from tests.test_grouped_gemm import compile_sm90, moe_cpu_inputs, unknown_meta
@@ -226,7 +226,7 @@ def test_compiles_for_sm90_without_a_gpu(i: int, compiled_sm90: list[dict]) -> N
 
 
 def _hopper() -> DeviceSpec:
-    from harness import hardware
+    from harness.measure import hardware
 
     spec = hardware.current_device()
     if not spec.has_wgmma:

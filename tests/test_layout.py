@@ -65,3 +65,13 @@ def test_only_tracking_talks_to_mlflow() -> None:
                    if any(m == "mlflow" or m.startswith("mlflow.") for m, _ in _imports(path))
                    and not mod.startswith("harness.tracking."))
     assert users == [], f"modules importing MLflow outside harness.tracking: {users}"
+
+
+def test_the_root_of_harness_holds_only_its_public_face() -> None:
+    """Concepts live in folders (run, measure, search, fleet, ...): the root keeps the
+    package's face only."""
+    loose = sorted(p.name for p in (ROOT / "harness").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "autotune.py"], loose
+    data = [p.name for p in (ROOT / "harness").iterdir()
+            if p.is_file() and p.suffix not in (".py", ".typed")]
+    assert not data, f"data files belong to their package: {data}"

@@ -1,4 +1,4 @@
-"""A whole run in which messages never come (``harness.faults``): a worker's result, the
+"""A whole run in which messages never come (``harness.run.faults``): a worker's result, the
 MLflow logger's answers and the Optuna writer's answers. The run says so, naming what it
 waited for, and ends within seconds of those waits' limits; it never waits in silence."""
 
@@ -14,9 +14,10 @@ import ray
 import yaml
 from rich.console import Console
 
-from harness import run_logging, write_behind
 from harness.fleet.cluster import NO_PRESTART
-from harness.run import run
+from harness.run.runner import run
+from harness.search import write_behind
+from harness.tracking import run_logging
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("mlflow_db")]
 

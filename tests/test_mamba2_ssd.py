@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from harness.kernel_api import DeviceSpec
+from harness.kernel.api import DeviceSpec
 from kernels.mamba2_ssd import Mamba2SSD, ssd_minimal, ssd_recurrent
 
 KERNEL = Mamba2SSD()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import spaces
-from harness.hardware import spec_for_key
-from harness.kernel_api import get
+from harness.kernel.api import get
+from harness.measure.hardware import spec_for_key
+from harness.search import spaces
 from kernels.matmul import Matmul
 
 KERNEL = Matmul()
@@ -167,7 +167,7 @@ def test_gpu_decode_shape_valid_configs(device: str, m: int) -> None:
     """A decode shape (m tokens through a 4096 x 4096 layer) on the GPU: configs of the
     shipped space that pass check_config there (decode tiles only: one of each tile
     shape, and eight more drawn) are right on fresh random inputs."""
-    from harness.hardware import current_device
+    from harness.measure.hardware import current_device
 
     shape = {"M": m, "N": 4096, "K": 4096}
     dev = current_device()

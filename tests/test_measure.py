@@ -1,4 +1,4 @@
-"""harness.measure on the CPU: the accuracy check against a float64 computation of the
+"""harness.measure.timing on the CPU: the accuracy check against a float64 computation of the
 same statistics, on fresh random data; the compile watch; the Triton cache pin."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from harness.fleet import compile as fleet_compile
-from harness.kernel_api import Tolerance
-from harness.measure import CompileWatch, compare, prepare_reference
+from harness.kernel.api import Tolerance
+from harness.measure.timing import CompileWatch, compare, prepare_reference
 
 
 def _expected(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> dict:
@@ -117,7 +117,7 @@ def test_pin_triton_cache_dir(monkeypatch, tmp_path) -> None:
 def test_fused_check_kernel_agrees_with_the_torch_statistics(dtype: torch.dtype) -> None:
     """The GPU path's one-pass kernel (run here by Triton's interpreter) against the
     PyTorch statistics, with NaN, Inf, bad elements and a ragged last block."""
-    from harness import accuracy
+    from harness.measure import accuracy
 
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
     n = 2 * accuracy._BLOCK + 517
@@ -143,7 +143,7 @@ def test_fused_check_on_the_gpu_matches_torch_and_is_faster() -> None:
     against PyTorch's, and both timed (the fused one is the trial's check)."""
     from triton.testing import do_bench
 
-    from harness import accuracy
+    from harness.measure import accuracy
 
     g = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, ())))
     ref = torch.randn(8192, 8192, device="cuda", generator=g)
@@ -168,7 +168,7 @@ def test_fused_check_on_the_gpu_matches_torch_and_is_faster() -> None:
 def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(mlflow_db) -> None:
     """No GPU (or the interpreter): nothing to sample. A trial result that carries the
     GPU state has it logged as MLflow metrics of the trial's run (real sqlite store)."""
-    from harness.measure import gpu_state
+    from harness.measure.timing import gpu_state
     from harness.tracking.tracker import Tracker
 
     if not torch.cuda.is_available():
@@ -181,7 +181,7 @@ def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(mlflow_db) -> None:
     metrics = tracker.client.get_run(run_id).data.metrics
     assert metrics["sm_clock_mhz"] == 1515.0 and metrics["power_w"] == 665.4
     assert "check_s" not in metrics and metrics["latency_ms"] == 1.25
-    # The run's own trial logging (harness.run) builds its metrics the same way.
+    # The run's own trial logging (harness.run.runner) builds its metrics the same way.
     from harness.tracking.tracker import trial_metrics
 
     assert trial_metrics(result, "measured")["sm_clock_mhz"] == 1515.0
@@ -191,7 +191,7 @@ def test_gpu_state_is_empty_without_a_gpu_and_trials_log_it(mlflow_db) -> None:
 
 @pytest.mark.gpu
 def test_gpu_state_reads_the_clock_and_power() -> None:
-    from harness.measure import gpu_state
+    from harness.measure.timing import gpu_state
 
     try:
         import pynvml  # noqa: F401  (nvidia-ml-py, of the tune extra)
@@ -214,7 +214,7 @@ def test_an_unwritten_output_fails_even_where_the_buffer_held_the_answer(
     """``stale``: the output block already holds the right answer (as the allocator's
     block of an earlier config would) and the kernel writes half of it. The NaN fill
     before timing makes the unwritten half show; without it the check passes."""
-    from harness import measure
+    from harness.measure import timing as measure
     from tests.fault_kernels import Faulty
 
     fam, shape = Faulty(), {"N": 4096}
@@ -230,7 +230,7 @@ def test_a_named_output_is_launched_first_by_the_timer(monkeypatch, tmp_path, de
     """A launcher naming ``fn.out`` gets no separate first call: the timer's first call is
     its first launch, whose host time is ``compile_s``, not timing. Without ``out`` the
     first call comes before the timer, as before."""
-    from harness import measure
+    from harness.measure import timing as measure
     from tests.fault_kernels import Faulty
 
     monkeypatch.setenv("FAULT_DIR", str(tmp_path))
@@ -253,7 +253,7 @@ def test_a_named_output_is_launched_first_by_the_timer(monkeypatch, tmp_path, de
 
 
 def test_poison_fills_outputs_but_not_inputs() -> None:
-    from harness.measure import poison
+    from harness.measure.timing import poison
 
     x = torch.randn(8)
     out = (torch.empty(4), torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.bool))
@@ -268,7 +268,7 @@ def test_cpu_timing_takes_the_lower_median() -> None:
     one is the latency, so the slowed run does not reorder configs."""
     import time
 
-    from harness import measure
+    from harness.measure import timing as measure
 
     delays = iter([0.04, 0.0])
     p20, mid, p80, _ = measure.time_fn(lambda: time.sleep(next(delays)),
@@ -281,7 +281,7 @@ def test_a_subclass_with_the_same_name_gets_its_own_inputs() -> None:
     name but routes rows differently (a diagnostic's balanced routing) is measured on its
     own inputs and reference, not on the ones its parent left (which made two routings
     time alike in an earlier diagnostic)."""
-    from harness import measure
+    from harness.measure import timing as measure
     from kernels.grouped_gemm import GroupedGemm, counts_to_offsets
 
     class Balanced(GroupedGemm):

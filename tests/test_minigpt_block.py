@@ -8,9 +8,9 @@ import functools
 import pytest
 import torch
 
-from harness import spaces
-from harness.hardware import spec_for_key
-from harness.measure import compare
+from harness.measure.hardware import spec_for_key
+from harness.measure.timing import compare
+from harness.search import spaces
 from kernels.minigpt_block import _CHOICES, MiniGPTBlock, sdpa_fp16_block
 
 K = MiniGPTBlock()
@@ -125,7 +125,7 @@ def test_planned_launches_are_the_launched_ones(config, device, monkeypatch):
     runs must be in the plan (else its first call compiles on the GPU), and every planned
     one must run (else compile-ahead wastes work)."""
     from harness.fleet import materialise, skeleton
-    from harness.kernel_api import Launch
+    from harness.kernel.api import Launch
 
     shape = SPLIT_TEST if config.get("FLASH_SPLIT_D") else TEST
     cfg = {**FAST, **config}
@@ -377,7 +377,7 @@ GPU_CONFIGS = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=str)
 def test_gpu_kernelbench_b32(config, device):
-    from harness.hardware import current_device
+    from harness.measure.hardware import current_device
 
     shape = K.shapes["kernelbench-b32"]
     why = K.check_config(config, shape, current_device())
@@ -410,8 +410,8 @@ def test_gpu_compile_ahead_leaves_nothing_to_compile(config, device, tmp_path, m
     every Triton kernel of the config; the first launch on real inputs then compiles
     nothing (a mismatch of specialisation between meta and real inputs would)."""
     from harness.fleet import materialise, skeleton
-    from harness.hardware import current_device
-    from harness.measure import CompileWatch
+    from harness.measure.hardware import current_device
+    from harness.measure.timing import CompileWatch
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # nothing on disk either
     shape = K.shapes["kernelbench-b32"]
@@ -448,7 +448,7 @@ def test_gpu_random_configs_b32(device):
     """A sample of the whole space: every config that passes pruning is correct."""
     import random
 
-    from harness.hardware import current_device
+    from harness.measure.hardware import current_device
 
     shape, dev = K.shapes["kernelbench-b32"], current_device()
     inputs, ref = _problem(tuple(sorted(shape.items())), 0, device)

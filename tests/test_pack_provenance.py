@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import kernel_api
 from harness.experiment import load as load_experiment
+from harness.kernel import api as kernel_api
 from harness.packs import format as fmt
 from harness.packs.lookup import SHIPPED as SHIPPED_DIR
 

@@ -48,7 +48,7 @@ def test_nearest_in_log_space(pack_dir):
 
 
 def test_exact_dims_must_match_else_default(pack_dir):
-    from harness import kernel_api
+    from harness.kernel import api as kernel_api
 
     default = kernel_api.get("grouped_gemm").default_config
     with pytest.warns(packs.PackWarning, match="default config"):
@@ -139,8 +139,8 @@ def test_shipped_pack_follows_schema_and_kernel_constraints(path):
     assert not errors, errors
     assert packs.read(path) == data  # checksum and the runtime's own schema check
     assert (data["hardware"], data["kernel"]) == (path.parent.name, path.stem)
-    from harness import kernel_api
-    from harness.hardware import spec_for_key
+    from harness.kernel import api as kernel_api
+    from harness.measure.hardware import spec_for_key
 
     fam = kernel_api.get(data["kernel"])
     for kname, _, skey, entry in fmt.iter_entries(data):

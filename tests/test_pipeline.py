@@ -17,8 +17,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from harness import kernel_api, packs
-from harness.hardware import spec_for_key
+from harness import packs
+from harness.kernel import api as kernel_api
+from harness.measure.hardware import spec_for_key
 from tests.fault_kernels import may_renice
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import packs, remeasure
-from harness.remeasure import Candidate
+from harness import packs
+from harness.run import remeasure
+from harness.run.remeasure import Candidate
 from harness.search import config_key
 from tests.fault_kernels import read_events, run_quietly
 
@@ -265,7 +266,7 @@ def test_remeasurements_are_planned_in_rounds_with_their_own_budget() -> None:
     from types import SimpleNamespace
 
     from harness import experiment
-    from harness.schedule import remeasure_tasks as _remeasure_tasks
+    from harness.run.schedule import remeasure_tasks as _remeasure_tasks
 
     exp = experiment.Experiment.model_validate({
         "name": "r", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],

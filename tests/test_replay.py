@@ -13,9 +13,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from harness import experiment, kernel_api, spaces
-from harness.measure import TrialResult
+from harness import experiment
+from harness.kernel import api as kernel_api
+from harness.measure.timing import TrialResult
 from harness.search import replay as rp
+from harness.search import spaces
 from harness.search.study import ATTR_REASON, ATTR_RESULT, ATTR_STATUS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -278,7 +280,7 @@ SWEEPS = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))
 def _valid_grid(exp: experiment.Experiment) -> int:
     """The most configs that pass static pruning on an H200 at any of the experiment's
     shapes: what its grid measures (the raw size, for a space too large to check)."""
-    from harness.hardware import spec_for_key
+    from harness.measure.hardware import spec_for_key
     from harness.search import ValidSpace
 
     kernel = kernel_api.get(exp.kernel)

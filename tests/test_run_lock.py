@@ -86,7 +86,7 @@ def test_a_killed_holder_leaves_no_stale_lock(holder, monkeypatch):
 def test_a_file_that_fails_its_checks_leaves_no_run_directory(tmp_path, monkeypatch):
     """The API path locks after the file's form is checked; a file whose kernel checks
     fail then removes the directory it created for the lock."""
-    from harness.run import run
+    from harness.run.runner import run
 
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "exp.yaml"

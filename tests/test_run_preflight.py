@@ -259,7 +259,7 @@ def _studies(run_dir: Path, trials: int) -> None:
 @pytest.mark.parametrize(("trials", "blocks"), [(0, False), (1, True)])
 def test_only_a_run_that_measured_blocks_a_plain_rerun(tmp_path, monkeypatch, capsys, trials,
                                                        blocks):
-    import harness.run
+    import harness.run.runner
 
     monkeypatch.chdir(tmp_path)
     _studies(tmp_path / "runs" / "pre", trials)
@@ -272,7 +272,7 @@ def test_only_a_run_that_measured_blocks_a_plain_rerun(tmp_path, monkeypatch, ca
         ran.append(resume)
         raise _Ran
 
-    monkeypatch.setattr(harness.run, "run", stand_in)
+    monkeypatch.setattr(harness.run.runner, "run", stand_in)
     (tmp_path / "exp.yaml").write_text(_patched())
     try:
         rc = cli.main(["run", "exp.yaml"])

@@ -6,8 +6,8 @@ import optuna
 import pytest
 
 from harness.experiment import SearchSettings, StudySpec
-from harness.hardware import spec_for_key
-from harness.measure import TrialResult
+from harness.measure.hardware import spec_for_key
+from harness.measure.timing import TrialResult
 from harness.search import Search
 
 SHAPE = {"M": 4096, "N": 1408, "K": 2048, "E": 64}
@@ -52,8 +52,8 @@ def test_the_whole_budget_is_handed_out_before_any_result_comes_back():
     """A worker's queue holds several trials: the scheduler asks for the budget's last
     configs while the first ones are still in flight, so the GPU never waits on the
     driver at the end of a study (in-flight configs count once against the budget)."""
-    from harness import schedule
-    from harness.hardware import spec_for_key as hw
+    from harness.measure.hardware import spec_for_key as hw
+    from harness.run import schedule
 
     spec = StudySpec("t", "grouped_gemm", SHAPE, "bf16", "H100")
     space = {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64], "num_stages": [3, 4]}
@@ -74,7 +74,7 @@ _KILLED_DRIVER = """
 import json, os, signal, sys
 import optuna
 from harness.experiment import SearchSettings, StudySpec
-from harness.hardware import spec_for_key
+from harness.measure.hardware import spec_for_key
 from harness.search import Search, make_storage
 spec = StudySpec("t", "matmul", {"M": 256, "N": 256, "K": 256}, "bf16", "H100")
 space = {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128], "BLOCK_K": [32, 64]}

@@ -12,8 +12,8 @@ import yaml
 from optuna.trial import TrialState
 
 from harness.experiment import SearchSettings, StudySpec
-from harness.hardware import spec_for_key
-from harness.measure import TrialResult
+from harness.measure.hardware import spec_for_key
+from harness.measure.timing import TrialResult
 from harness.search import ATTR_STATUS, Search, ThresholdPruner
 from tests.fault_kernels import read_events, run_quietly
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from harness import kernel_api, spaces
 from harness.experiment import SearchSettings, StudySpec
-from harness.hardware import spec_for_key
-from harness.measure import TrialResult
-from harness.search import Search, ValidSpace, config_key, grid_order
+from harness.kernel import api as kernel_api
+from harness.measure.hardware import spec_for_key
+from harness.measure.timing import TrialResult
+from harness.search import Search, ValidSpace, config_key, grid_order, spaces
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Hardware every space is resolved for: NVIDIA with and without TMA, AMD, the interpreter.

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from harness import spaces
-from harness.hardware import current_device, spec_for_key
-from harness.measure import compare
+from harness.measure.hardware import current_device, spec_for_key
+from harness.measure.timing import compare
+from harness.search import spaces
 from kernels.selective_scan import SelectiveScan
 
 K = SelectiveScan()

@@ -15,9 +15,9 @@ import pytest
 import ray
 from mlflow.tracking import MlflowClient
 
-from harness import run_logging as run_mod
 from harness.fleet.cluster import NO_PRESTART
-from harness.sqlite_commits import fast_commits
+from harness.search.sqlite_commits import fast_commits
+from harness.tracking import run_logging as run_mod
 from harness.tracking import tracker as track
 
 
@@ -193,7 +193,7 @@ def test_bookkeeping_runs_in_processes_beside_gpus_and_as_told() -> None:
     """fleet.bookkeeping: auto starts the writer and logger processes only for a run
     with GPU targets; processes or threads are taken as given."""
     from harness.experiment import Experiment
-    from harness.run import bookkeeping_processes
+    from harness.run.runner import bookkeeping_processes
 
     def exp(mode: str) -> Experiment:
         return Experiment.model_validate({"name": "b", "kernel": "tests.fault_kernels:Faulty",
@@ -232,7 +232,7 @@ def test_bulk_runs_read_back_as_the_clients(tmp_path, monkeypatch, empty_mlflow_
     tags (the parent included), params (a long one truncated alike), metrics and their
     history, status, start and end, and the study run's latency history. It fails where
     a new MLflow writes its runs otherwise."""
-    from harness.run_logging import logged
+    from harness.tracking.run_logging import logged
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{empty_mlflow_db(tmp_path / 'parity.db')}"
@@ -282,7 +282,7 @@ def test_a_killed_logger_neither_loses_nor_duplicates_a_trial(tmp_path, monkeypa
     a logger killed in between leaves ids that never existed, which the resume logs anew
     (one run each); one killed after the commit leaves runs that the resume completes in
     place (no second run)."""
-    from harness import run_logging
+    from harness.tracking import run_logging
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{empty_mlflow_db(tmp_path / 'killed.db')}"
@@ -330,7 +330,7 @@ def test_a_batch_the_store_refuses_is_logged_one_by_one(tmp_path, monkeypatch,
     """Where the one transaction fails (a store that differs), the batch goes through
     the client instead, every trial noted with the run it got; after BULK_FAILURES
     failures in a row every batch does."""
-    from harness import run_logging
+    from harness.tracking import run_logging
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{empty_mlflow_db(tmp_path / 'refused.db')}"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import kernel_api
 from harness.experiment import SearchSettings, StudySpec
-from harness.hardware import spec_for_key
+from harness.kernel import api as kernel_api
+from harness.measure.hardware import spec_for_key
 from harness.packs import format as packfmt
 from harness.search import Search, make_storage, storage_url
-from harness.warmstart import incumbent, seeds_from_packs
+from harness.search.warmstart import incumbent, seeds_from_packs
 
 MM = kernel_api.get("matmul")
 SPACE = {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128, 256], "BLOCK_K": [32, 64],

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernel_api import Kernel, SingleLaunch
+from harness.kernel.api import Kernel, SingleLaunch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

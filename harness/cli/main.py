@@ -55,7 +55,7 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from harness.bench import CASES_FILE, TUNING_EXPERIMENT, CostSettings, run_bench
+    from harness.measure.bench import CASES_FILE, TUNING_EXPERIMENT, CostSettings, run_bench
 
     command = "kharness bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "kharness bench"
     cost = CostSettings(Path(args.tuning_experiment or TUNING_EXPERIMENT), quick=args.quick,

@@ -435,7 +435,7 @@ def export_vllm_moe(data: dict[str, Any], top_k: int, dtype: str = "bf16",
                     device_name: str | None = None, fused_gate_up: bool = False,
                     k: int | None = None) -> dict[str, dict[str, dict[str, int]]]:
     """vLLM fused-MoE config files from a grouped_gemm pack: file name -> {batch: config}."""
-    from harness import kernel_api
+    from harness.kernel import api as kernel_api
     from harness.packs import format as fmt
 
     fam = kernel_api.get("grouped_gemm")
@@ -492,7 +492,7 @@ def export_vllm_moe(data: dict[str, Any], top_k: int, dtype: str = "bf16",
 
 
 def _cmd_export(args: argparse.Namespace, console: Any) -> int:
-    from harness import hardware
+    from harness.measure import hardware
     from harness.packs import format as fmt
 
     if args.pack:

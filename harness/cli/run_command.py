@@ -12,8 +12,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from harness import jsonsafe
 from harness.cli.summary import WIDTH, print_summary
+from harness.tracking import jsonsafe
 from harness.tracking.redact import redact
 
 EXIT_BAD_INPUT = 2
@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     _ray_auth_mode()
     import harness
     from harness.fleet import NoHardwareError, RayStartError
-    from harness.run import run
+    from harness.run.runner import run
     from harness.tracking.tracker import TrackingError
 
     try:

@@ -30,7 +30,7 @@ def fmt(v: Any, spec: str = ".3g", suffix: str = "") -> str:
 
 def default_config(kernel: str) -> Mapping[str, Any]:
     """The kernel family's default config; empty where the family cannot be loaded."""
-    from harness import kernel_api
+    from harness.kernel import api as kernel_api
 
     try:
         return kernel_api.get(kernel).default_config

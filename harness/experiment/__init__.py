@@ -11,7 +11,7 @@ from harness.experiment.checks import check_semantics
 from harness.experiment.load import MAX_BYTES, load
 from harness.experiment.lock import RunLock, lock_run_dir
 from harness.experiment.plan import StudySpec, plan
-from harness.experiment.preflight import preflight, uri_problem
+from harness.experiment.preflight import preflight
 from harness.experiment.schema import (
     SAMPLERS,
     BaselineSettings,
@@ -24,6 +24,7 @@ from harness.experiment.schema import (
     TimingSettings,
     TrackingSettings,
 )
+from harness.experiment.uris import uri_problem
 
 __all__ = [
     "MAX_BYTES", "SAMPLERS", "BaselineSettings", "Experiment", "ExperimentError",

@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness import hardware, kernel_api, spaces
 from harness.experiment.schema import Experiment, ExperimentError
+from harness.kernel import api as kernel_api
+from harness.measure import hardware
+from harness.search import spaces
 
 #: Where the studies of ``hardware: [auto]`` may run: the vendors' spaces are checked.
 _AUTO_TARGETS = (("nvidia", "?"), ("amd", "?"), ("cpu", "cpu"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness import kernel_api
 from harness.experiment.schema import Experiment
+from harness.kernel import api as kernel_api
 
 
 @dataclass(frozen=True)

@@ -19,57 +19,12 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from harness.experiment.schema import Experiment, ExperimentError
+from harness.experiment.uris import DATABASES, scheme_of, uri_problem
 
 #: How long a tracking or database server may take to accept a connection.
 PROBE_TIMEOUT_S = 5.0
 
-#: The stores MLflow's own registry knows (``mlflow.tracking._tracking_service.utils``);
-#: a plugin adds its scheme through the ``mlflow.tracking_store`` entry points.
-_STORES = ("", "file", "databricks", "databricks-uc", "uc", "http", "https")
-_DATABASES = {"postgresql": 5432, "mysql": 3306, "mssql": 1433, "sqlite": None}
 _HTTP_PORTS = {"http": 80, "https": 443}
-
-
-def _scheme(uri: str) -> str:
-    """The URI's scheme, lower case; '' for a path (a Windows drive letter included)."""
-    scheme = urlsplit(uri).scheme.lower()
-    return "" if len(scheme) == 1 else scheme
-
-
-def _plugin_schemes() -> set[str]:
-    from importlib.metadata import entry_points
-
-    return {ep.name for ep in entry_points(group="mlflow.tracking_store")}
-
-
-def uri_problem(uri: str) -> str | None:
-    """Why MLflow cannot use ``uri`` as a tracking store, else None. Cheap (no import,
-    no connection), so that the file's form check refuses it; the answer never holds
-    the URI, which may hold a password."""
-    # Python's own messages quote the parts they fail on, a password's among them.
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return "not a valid URI (an unclosed '[' of an IPv6 host?)"
-    rest = uri.split("://", 1)[1] if "://" in uri else ""
-    if parts.netloc and "@" not in parts.netloc and "@" in rest[len(parts.netloc):]:
-        # ``http://user:pa/ss@host``: the host part ends at the first '/', '?' or '#', so
-        # the server would be 'user' and the password would stay in the URI.
-        return ("an '@' after the host: a password holding '/', '?' or '#' must have them "
-                "percent-encoded (%2F, %3F, %23); better, leave the password out of the "
-                "URI and set MLFLOW_TRACKING_PASSWORD")
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        return "not a valid URI: its port is not a number from 0 to 65535"
-    scheme = _scheme(uri)
-    if scheme in _STORES or scheme.split("+", 1)[0] in _DATABASES:
-        return None
-    if scheme in _plugin_schemes():
-        return None
-    known = ", ".join(s for s in (*_DATABASES, *_STORES) if s)
-    return (f"the scheme {scheme!r} is not a tracking store MLflow knows ({known}, or a "
-            "path)")
 
 
 def _unwritable(folder: Path) -> str | None:
@@ -143,7 +98,7 @@ def _sqlite_file(uri: str) -> Path | None:
 
 def _tracking_store(uri: str) -> str | None:
     """Why the tracking store at ``uri`` cannot be opened now, else None."""
-    scheme = _scheme(uri)
+    scheme = scheme_of(uri)
     base = scheme.split("+", 1)[0]
     if base == "sqlite":
         db = _sqlite_file(uri)
@@ -161,11 +116,11 @@ def _tracking_store(uri: str) -> str | None:
         folder = Path(unquote(urlsplit(uri).path) if scheme else uri)
         why = _unwritable(folder)
         return f"{folder}: {why}" if why else None
-    if base in _DATABASES:
+    if base in DATABASES:
         host, port, why = _database(uri)
         if why or not host:  # no host: a local socket, whatever the driver makes of it
             return why
-        port = port or _DATABASES[base]
+        port = port or DATABASES[base]
         why = _probe(host, port, PROBE_TIMEOUT_S)
         return f"the database server {host}:{port} does not answer ({why})" if why else None
     if scheme in _HTTP_PORTS:

@@ -18,7 +18,7 @@ from pydantic import (
     field_validator,
 )
 
-from harness import hardware as hw
+from harness.measure import hardware as hw
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 
@@ -53,7 +53,7 @@ class SearchSettings(_Strict):
     warm_start: bool = Field(True, description="enqueue the default config as the first trial")
     seed_from_packs: bool = Field(True, description="then the winners of the packs: this "
                                   "hardware's for the same and the nearest shapes, other "
-                                  "hardware's for the same shape (harness/warmstart.py)")
+                                  "hardware's for the same shape (harness/search/warmstart.py)")
     max_abs_err: float | None = Field(None, gt=0, description="required accuracy: a trial whose "
                                       "max abs error exceeds it fails (on top of the kernel's "
                                       "own tolerance)")
@@ -103,7 +103,7 @@ class TrackingSettings(_Strict):
     @field_validator("uri")
     @classmethod
     def _no_credentials(cls, v: str | None) -> str | None:
-        from harness.experiment.preflight import uri_problem
+        from harness.experiment.uris import uri_problem
         from harness.tracking.redact import move_credentials
 
         # Checked before the credentials move: a URI read wrongly would move part of a

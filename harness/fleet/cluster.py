@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 
-from harness import hardware
+from harness.measure import hardware
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ the child takes the next config; the pool records the time-out itself if the chi
 not answer (stuck in C code), and kills and replaces a child still stuck a grace later,
 without disturbing the other children's compiles.
 
-Fault injection, for tests (``harness.faults``): ``HARNESS_FAULTS`` holds comma-separated
+Fault injection, for tests (``harness.run.faults``): ``HARNESS_FAULTS`` holds comma-separated
 names, read when a compile is submitted (so a test may turn one on for some compiles only):
 
 - ``compile_hang``: the compile child sleeps forever inside the compile, deaf to its timer
@@ -41,7 +41,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import faults, hardware
+from harness.measure import hardware
+from harness.run import faults
 from harness.search.keys import config_key
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def _prebuild(fam: Any, shape: dict, dtype: str, seed: int) -> None:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import torch
 
-    from harness.measure import compiled_eager
+    from harness.measure.timing import compiled_eager
 
     inputs = fam.make_inputs(shape, dtype, seed, "cuda")
     compiled_eager(fam)(inputs, shape)
@@ -191,7 +192,7 @@ def _pool_context() -> Any:
 
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "triton", "harness.kernel_api"])
+        ctx.set_forkserver_preload(["torch", "triton", "harness.kernel.api"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -215,12 +216,12 @@ def _warm_child() -> int:
 
     import torch
 
-    for name in ("triton", "harness.kernel_api"):
+    for name in ("triton", "harness.kernel.api"):
         importlib.import_module(name)
     if torch.cuda.is_available() and not hardware.interpreted():
         torch.cuda.init()
         try:
-            from harness import _compile_warmup
+            from harness.measure import compile_warmup as _compile_warmup
 
             _compile_warmup.compile_once()
         except Exception as exc:  # only a warm-up: the first config pays instead
@@ -237,7 +238,7 @@ def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any, config:
     t0 = time.perf_counter()
     _ALARM["fired"] = False
     try:
-        from harness import kernel_api
+        from harness.kernel import api as kernel_api
 
         fam = kernel_api.get(kernel)
         if problem not in _CHILD:

@@ -21,7 +21,7 @@ unanswered ``ANSWER_GRACE_S`` past its time-out after it started, or a service t
 not answer the poll itself, gives the config a "did not answer" outcome (the worker
 compiles it itself) and a warning.
 
-Fault injection, for tests (``HARNESS_FAULTS``, ``harness.faults``; read when a compile is
+Fault injection, for tests (``HARNESS_FAULTS``, ``harness.run.faults``; read when a compile is
 submitted; the driver's setting reaches the services it starts; see
 ``harness.fleet.compile`` for ``compile_hang``): ``compile_lost`` makes the service record
 no outcome for a compile, as if the message were lost; its starting is still reported.
@@ -46,7 +46,6 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, WorkerCrashedError
 
-from harness import faults
 from harness.fleet.compile import (
     ANSWER_GRACE_S,
     COMPILE_TIMEOUT_S,
@@ -58,6 +57,7 @@ from harness.fleet.compile import (
     precompile_enabled,
     problem_key,
 )
+from harness.run import faults
 from harness.search.keys import config_key
 
 log = logging.getLogger(__name__)
@@ -500,7 +500,7 @@ class NodeCompiler:
         and the same config of a grid (its tunables only) are one binary, one key."""
         defaults = self._defaults.get(problem)
         if defaults is None:
-            from harness import kernel_api
+            from harness.kernel import api as kernel_api
 
             try:
                 defaults = dict(kernel_api.get(json.loads(problem)[0]).default_config)

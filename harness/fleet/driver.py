@@ -3,7 +3,7 @@ results collected, and where the GPU-held time went.
 
 ``Fleet.poll`` handles hangs (time-out, worker replaced), poisoned contexts (worker
 replaced), lost workers (trial retried on another GPU of its type) and workers that
-start or fail to. It never decides what to try: the scheduler (``harness.schedule``)
+start or fail to. It never decides what to try: the scheduler (``harness.run.schedule``)
 does.
 """
 
@@ -18,7 +18,7 @@ from ray.exceptions import RayTaskError
 
 from harness.fleet.compile import COMPILE_TIMEOUT_S
 from harness.fleet.slots import _LOST, Task, Workers, _Slot
-from harness.measure import Timing, TrialResult
+from harness.measure.timing import Timing, TrialResult
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
 
-from harness import faults
 from harness.fleet.cluster import Cluster, NoHardwareError, check_placement, node_resources
 from harness.fleet.compile import COMPILE_TIMEOUT_S
 from harness.fleet.compile_service import plan_processes, start_services
 from harness.fleet.worker import Worker
+from harness.run import faults
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import ray
 
-from harness import faults, hardware
 from harness.fleet.cluster import normal_priority
 from harness.fleet.compile import (
     PRECOMPILE_WAIT_S,
@@ -31,7 +30,8 @@ from harness.fleet.compile import (
     skeleton,
 )
 from harness.fleet.compile_service import NodeCompiler
-from harness.measure import Measurer, Timing, TrialResult
+from harness.measure.timing import Measurer, Timing, TrialResult, hardware
+from harness.run import faults
 from harness.search.keys import config_key
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def _warm_check() -> None:
         import torch
 
         if torch.cuda.is_available():
-            from harness import accuracy
+            from harness.measure import accuracy
 
             accuracy.warm_up("cuda")
     except Exception as exc:  # the first checks build it instead
@@ -170,7 +170,7 @@ class Worker:
         if self.pre is None:
             return
         try:
-            from harness import kernel_api
+            from harness.kernel import api as kernel_api
 
             fam = kernel_api.get(kernel)
             self._problem_loaded(kernel, fam, shape, dtype, seed, None)
@@ -354,7 +354,7 @@ class Worker:
         method, args = task
         if method != "measure" or self.pre is None:
             return None
-        from harness import kernel_api
+        from harness.kernel import api as kernel_api
 
         kernel, shape, dtype, _config, seed = args[:5]
         try:
@@ -492,7 +492,7 @@ class Worker:
         return False
 
     def peaks(self) -> dict[str, float]:
-        from harness.measure import device_peaks
+        from harness.measure.timing import device_peaks
 
         if self._peaks is None:
             self._peaks = device_peaks(self.spec)
@@ -501,7 +501,7 @@ class Worker:
     def _measure(self, kernel: str, shape: dict, dtype: str, config: dict, seed: int,
                  timing: dict | None = None) -> dict:
         """``timing``: this task's own do_bench budgets (multi-fidelity's cheap pass)."""
-        from harness import kernel_api
+        from harness.kernel import api as kernel_api
 
         fam = kernel_api.get(kernel)
         t_wait = time.perf_counter()
@@ -543,7 +543,7 @@ class Worker:
     def _eager(self, kernel: str, shape: dict, dtype: str, seed: int, compiled: bool,
                timing: dict | None = None) -> dict:
         """``timing``: this task's own do_bench budgets (the final phase's rounds)."""
-        from harness import kernel_api
+        from harness.kernel import api as kernel_api
 
         fam = kernel_api.get(kernel)
         self._problem_loaded(kernel, fam, shape, dtype, seed, None)
@@ -571,7 +571,7 @@ class Worker:
         binaries compiled ahead successfully: a compile here would compete with the
         timing for the CPU. Called when a measure task starts and when the next one
         arrives."""
-        from harness import kernel_api
+        from harness.kernel import api as kernel_api
 
         current = self._current
         if self.pre is None or current is None:
@@ -624,7 +624,7 @@ class Worker:
     def _hint(self, kernel: str, shape: dict, dtype: str, seed: int, configs: list) -> None:
         """Start compiling ``configs`` now if their problem's inputs are known, else as
         soon as the task loop has built them."""
-        from harness import kernel_api
+        from harness.kernel import api as kernel_api
 
         if not hasattr(kernel_api.get(kernel), "compile_only"):
             return  # the family compiles on first launch only

@@ -48,7 +48,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from harness import hardware, kernel_api
+from harness.kernel import api as kernel_api
+from harness.measure import hardware
 from harness.packs import format as fmt
 from harness.packs import verify
 

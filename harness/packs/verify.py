@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from harness import hardware, kernel_api
+from harness.kernel import api as kernel_api
+from harness.measure import hardware
 from harness.packs.format import PackError, iter_entries
 
 #: Threads per block top out at 1,024 on every GPU: 32 warps of 32 lanes on NVIDIA, 16

@@ -130,7 +130,7 @@ def _check(table: Table, prune: bool) -> Any:
 
 
 def _result(rec: Mapping[str, Any], value_ms: float | None = None) -> Any:
-    from harness.measure import TrialResult
+    from harness.measure.timing import TrialResult
 
     if rec["status"] != "ok":
         return TrialResult(ok=False, reason=rec.get("reason") or rec["status"])

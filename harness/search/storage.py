@@ -6,7 +6,7 @@ from pathlib import Path
 
 import optuna
 
-from harness.sqlite_commits import fast_commits
+from harness.search.sqlite_commits import fast_commits
 
 
 def storage_url(runs_dir: str | Path, experiment: str) -> str:

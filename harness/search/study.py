@@ -16,14 +16,15 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from harness import kernel_api, spaces
 from harness.experiment import SearchSettings, StudySpec
-from harness.jsonsafe import json_safe
-from harness.kernel_api import DeviceSpec
-from harness.measure import TrialResult
+from harness.kernel import api as kernel_api
+from harness.kernel.api import DeviceSpec
+from harness.measure.timing import TrialResult
+from harness.search import spaces
 from harness.search.keys import config_key
 from harness.search.samplers import ValidSampler, make_pruner, make_sampler
 from harness.search.valid import ValidSpace
+from harness.tracking.jsonsafe import json_safe
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

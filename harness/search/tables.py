@@ -225,8 +225,8 @@ def _never_asked(meta: Mapping[str, Any], space: Mapping[str, Sequence[Any]],
     if not space or grid > MAX_EXPORT_GRID or len(records) >= grid:
         return []
     try:
-        from harness import kernel_api
-        from harness.hardware import spec_for_key
+        from harness.kernel import api as kernel_api
+        from harness.measure.hardware import spec_for_key
 
         fam = kernel_api.get(meta["kernel"])
         device = spec_for_key(meta["hardware"])
@@ -296,7 +296,7 @@ def export_study(storage: Any, study_name: str) -> dict[str, Any]:
     for choices in space.values():
         grid *= len(choices)
     try:
-        from harness import kernel_api
+        from harness.kernel import api as kernel_api
 
         default_config = dict(kernel_api.get(meta["kernel"]).default_config)
     except Exception:  # a family that cannot be imported here: the replay skips warm start

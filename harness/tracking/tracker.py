@@ -12,7 +12,7 @@ default SQLite one) a batch goes into MLflow's tables in one transaction, throug
 store's own ORM models, at hundreds of trials a second; on a tracking server, through the
 client, several requests in flight at once.
 
-Fault injection (``harness.faults``): ``logger_hang``, ``TrialLogger.apply`` never
+Fault injection (``harness.run.faults``): ``logger_hang``, ``TrialLogger.apply`` never
 answers (until ``stop``), as a logger stuck on its store would.
 """
 
@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness import faults
+from harness.run import faults
 from harness.tracking.plots import study_plots, warm_imports
 
 # MLflow is imported where it is used (2-3 s): the run imports this module before it
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 def trial_metrics(result: Mapping[str, Any], status: str) -> dict[str, Any]:
     """A trial run's metrics: the measurement, the GPU's clock and power as its timing
-    ended (``harness.measure.gpu_state``, where it could be read) and ``failed``."""
+    ended (``harness.measure.timing.gpu_state``, where it could be read) and ``failed``."""
     extra = result.get("extra") or {}
     metrics = {k: result.get(k) for k in TRIAL_METRICS}
     metrics.update({k: extra[k] for k in GPU_STATE_METRICS if k in extra})
@@ -633,12 +633,12 @@ class TrialLogger:
 
 def _sqlite_fast_commits() -> None:
     """SQLite connections of this process commit as the Optuna storage's do
-    (``harness.sqlite_commits``). MLflow builds its engine itself, so the listener goes
+    (``harness.search.sqlite_commits``). MLflow builds its engine itself, so the listener goes
     on every engine of the process."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from harness.sqlite_commits import fast_commits
+    from harness.search.sqlite_commits import fast_commits
 
     if not event.contains(Engine, "connect", fast_commits):
         event.listen(Engine, "connect", fast_commits)

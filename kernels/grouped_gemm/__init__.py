@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from harness.kernel_api import (
+from harness.kernel.api import (
     Config,
     DeviceSpec,
     Inputs,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.kernel_api import DeviceSpec, Shape
+from harness.kernel.api import DeviceSpec, Shape
 
 from .triton_path import AMD_KWARGS, next_pow2
 

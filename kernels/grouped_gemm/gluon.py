@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from harness.kernel_api import Config, Launch
+from harness.kernel.api import Config, Launch
 
 __all__ = ["CONSUMER_REGS", "PRODUCER_REGS", "WS_API", "gluon_launch",
            "grouped_gemm_gluon_ws_kernel"]

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.kernel_api import Config, Launch
+from harness.kernel.api import Config, Launch
 
 # Launch options that only the AMD backend knows: the NVIDIA backend raises on them, so
 # they are passed only where the config has them and the GPU is a ROCm one.

@@ -213,7 +213,7 @@ class Kernel(ABC):
         cached = self.__dict__.get("_declared")
         if cached is not None:
             return cached
-        from harness import spaces  # data only (YAML): keeps this module light
+        from harness.search import spaces  # data only (YAML): keeps this module light
 
         seen: dict[str, list[Any]] = {k: [v] for k, v in self.default_config.items()}
         raw = spaces.for_kernel(self)
@@ -362,7 +362,7 @@ def resolve(name_or_path: str) -> type[Kernel]:
     module_name, _, attr = path.partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
     if not (isinstance(cls, type) and issubclass(cls, Kernel)):
-        raise TypeError(f"{path} is not a harness.kernel_api.Kernel subclass")
+        raise TypeError(f"{path} is not a harness.kernel.api.Kernel subclass")
     return cls
 
 

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import hardware
-from harness.accuracy import RefPrep, compare, prepare_reference
-from harness.kernel_api import PRECISION_PEAK, Config, DeviceSpec, Kernel, Shape
+from harness.kernel.api import PRECISION_PEAK, Config, DeviceSpec, Kernel, Shape
+from harness.measure import hardware
+from harness.measure.accuracy import RefPrep, compare, prepare_reference
 
 #: Substrings of errors after which the CUDA context cannot be trusted again.
 _FATAL_MARKERS = (

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.kernel_api import DeviceSpec, Kernel, Shape
+from harness.kernel.api import DeviceSpec, Kernel, Shape
 from harness.packs import format as packfmt
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ last re-measurement, with no step that waits for all studies.
 Each worker with room takes work from the study it serves; a worker whose study has
 nothing to hand out takes the study served by the fewest workers, so that studies spread
 over every GPU of their hardware key, and several GPUs share a study once fewer studies
-than GPUs are left. A study re-measures its finalists (``harness.remeasure``) as soon as
+than GPUs are left. A study re-measures its finalists (``harness.run.remeasure``) as soon as
 its own search is over, on one GPU, while other studies still search; that takes
 precedence over search work, so that the last studies do not end in a long tail.
 """
@@ -22,13 +22,15 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import experiment, kernel_api, remeasure, spaces, warmstart
+from harness import experiment
 from harness.fleet import Fleet, Task
-from harness.hardware import spec_for_key
-from harness.kernel_api import DeviceSpec
-from harness.measure import TrialResult
-from harness.run_logging import Logs, trial_record
-from harness.search import Search, grid_order
+from harness.kernel import api as kernel_api
+from harness.kernel.api import DeviceSpec
+from harness.measure.hardware import spec_for_key
+from harness.measure.timing import TrialResult
+from harness.run import remeasure
+from harness.search import Search, grid_order, spaces, warmstart
+from harness.tracking.run_logging import Logs, trial_record
 
 #: The most configs a new worker is given to compile while it starts (``known_configs``):
 #: the first of a larger grid, in the order they will be asked for. Well under what the

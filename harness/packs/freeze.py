@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from harness import experiment, kernel_api
+from harness import experiment
+from harness.kernel import api as kernel_api
 from harness.packs import format as packfmt
 from harness.tracking.tracker import git_sha
 

@@ -20,17 +20,21 @@ from typing import Any
 import ray
 from rich.console import Console
 
-from harness import experiment, freeze, kernel_api, run_logging, schedule, spaces, warmstart
+from harness import experiment
 from harness.fleet import Fleet, NoHardwareError
 from harness.fleet import code_version as fleet_code_version
-from harness.hardware import spec_for_key
-from harness.kernel_api import DeviceSpec
-from harness.measure import Timing
-from harness.run_logging import Logs
-from harness.search import Search, drop_studies, storage_url
+from harness.kernel import api as kernel_api
+from harness.kernel.api import DeviceSpec
+from harness.measure.hardware import spec_for_key
+from harness.measure.timing import Timing
+from harness.packs import freeze
+from harness.run import schedule
+from harness.search import Search, drop_studies, spaces, storage_url, warmstart
+from harness.search.write_behind import WriteBehindStorage
+from harness.tracking import run_logging
 from harness.tracking.redact import redact
+from harness.tracking.run_logging import Logs
 from harness.tracking.tracker import Tracker, git_sha, import_mlflow
-from harness.write_behind import WriteBehindStorage
 
 log = logging.getLogger(__name__)
 

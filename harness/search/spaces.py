@@ -31,7 +31,7 @@ import yaml
 
 Space = dict[str, list[Any]]
 
-REPO_SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
+REPO_SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 def space_file(kernel: str) -> Path | None:

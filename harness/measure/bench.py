@@ -5,7 +5,7 @@ the same run: the pack's config for this device (runtime lookup, as an applicati
 get it), the kernel's default config, PyTorch eager, ``torch.compile`` of eager, any
 extra baselines the family names (library calls users would pick instead), and the
 roofline bound from the device's measured ceilings. All timing goes through
-``harness.measure`` (CUDA events via ``triton.testing.do_bench``, median, L2 flushed).
+``harness.measure.timing`` (CUDA events via ``triton.testing.do_bench``, median, L2 flushed).
 """
 
 from __future__ import annotations
@@ -25,12 +25,21 @@ from typing import Any
 
 import yaml
 
-from harness import hardware, jsonsafe, kernel_api, packs
-from harness.measure import Measurer, Timing, TrialResult, device_peaks, roofline_ms
+from harness import packs
+from harness.kernel import api as kernel_api
+from harness.measure.timing import (
+    Measurer,
+    Timing,
+    TrialResult,
+    device_peaks,
+    hardware,
+    roofline_ms,
+)
+from harness.tracking import jsonsafe
 
 #: The cases ``kharness bench`` measures: package data, so an installed harness has them.
-CASES_FILE = Path(str(resources.files("harness").joinpath("bench_cases.yaml")))
-ROOT = Path(__file__).resolve().parent.parent
+CASES_FILE = Path(str(resources.files("harness.measure").joinpath("bench_cases.yaml")))
+ROOT = Path(__file__).resolve().parents[2]
 TUNING_EXPERIMENT = ROOT / "configs" / "matmul_grid216.yaml"
 #: Seconds of the budget kept for the cost sections (tuning run, lookup, decorator).
 COST_RESERVE_S = 170.0

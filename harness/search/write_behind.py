@@ -27,7 +27,7 @@ only while answers come: a writer that answers no batch for ``WRITER_STALL_S`` i
 reported as an error naming the trials not stored (``errors``), and the run goes on.
 During the search such a stall is logged as a warning.
 
-Fault injection (``harness.faults``): ``writer_hang``, the writer never answers a batch
+Fault injection (``harness.run.faults``): ``writer_hang``, the writer never answers a batch
 (until ``close`` gives up on it).
 """
 
@@ -48,7 +48,7 @@ from optuna.exceptions import DuplicatedStudyError
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
-from harness import faults
+from harness.run import faults
 
 log = logging.getLogger(__name__)
 

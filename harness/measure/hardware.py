@@ -9,7 +9,7 @@ import os
 import re
 from functools import cache
 
-from harness.kernel_api import DeviceSpec
+from harness.kernel.api import DeviceSpec
 
 # Ordered: the first pattern that matches the device name wins.
 _KEYS: list[tuple[str, str, str]] = [

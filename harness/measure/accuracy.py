@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from harness.kernel_api import Tolerance
+from harness.kernel.api import Tolerance
 
 #: Statistics of one comparison, in the order of a row of the fused kernel's partials.
 _STATS = ("nonfinite", "max_abs", "within_1e3", "within_1e2", "bad")
@@ -93,7 +93,7 @@ def _fused(o: Any, p: RefPrep) -> bool:
     the reference in float32, both laid out contiguously."""
     import torch
 
-    from harness import hardware
+    from harness.measure import hardware
 
     return (o.is_cuda and not hardware.interpreted() and p.ref.dtype == torch.float32
             and o.dtype in (torch.float32, torch.float16, torch.bfloat16)
