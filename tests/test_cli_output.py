@@ -173,9 +173,8 @@ def test_baselines_come_after_the_search_in_its_final_rounds(tmp_path):
     from harness import experiment
     from harness.measure.hardware import spec_for_key
     from harness.measure.timing import TrialResult
-    from harness.packs import freeze
+    from harness.run import freeze, schedule
     from harness.run import runner as run
-    from harness.run import schedule
 
     exp = experiment.Experiment(name="x", kernel="matmul",
                                 shapes=[{"M": 256, "N": 256, "K": 256}],

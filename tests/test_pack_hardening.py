@@ -279,7 +279,7 @@ def test_concurrent_merges_into_one_pack_lose_nothing(tmp_path, capsys):
 
 
 def test_concurrent_freezes_into_one_pack_lose_nothing(tmp_path):
-    """``harness.packs.freeze`` of two experiments into one packs folder: ``packs.freeze`` from
+    """``harness.run.freeze`` of two experiments into one packs folder: ``packs.freeze`` from
     two processes at once keeps both entries."""
     dest = [tmp_path / f"out{r}" for r in range(20)]
 

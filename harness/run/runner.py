@@ -27,8 +27,7 @@ from harness.kernel import api as kernel_api
 from harness.kernel.api import DeviceSpec
 from harness.measure.hardware import spec_for_key
 from harness.measure.timing import Timing
-from harness.packs import freeze
-from harness.run import schedule
+from harness.run import freeze, schedule
 from harness.search import Search, drop_studies, spaces, storage_url, warmstart
 from harness.search.write_behind import WriteBehindStorage
 from harness.tracking import run_logging
