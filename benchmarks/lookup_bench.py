@@ -14,7 +14,8 @@ What it measures:
   is reported apart: an application pays it for the kernel anyway.
 - ``first_lookup``: the first lookup of a shape: load plus resolving the entry.
 - ``cached``: ``packs.lookup(...)`` after its first call with the same arguments: exact
-  hit, nearest hit, default fallback, and with ``hardware_key=None`` (this device).
+  hit, nearest hit, default fallback, a family hit (a sibling GPU without packs, served by
+  this pack), and with ``hardware_key=None`` (this device).
 - ``lookup_entry``: the uncached resolve (for comparison; not a target).
 """
 
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere without installing
 
 from harness import packs  # noqa: E402
 from harness.kernel import api as kernel_api  # noqa: E402
-from harness.measure import hardware  # noqa: E402
+from harness.measure import families, hardware  # noqa: E402
 from harness.packs import format as fmt  # noqa: E402
 from harness.packs.lookup import SHIPPED  # noqa: E402
 
@@ -180,6 +181,11 @@ def main() -> int:
     cases = {
         "exact": (hw, exact), "nearest": (hw, nearest), "default": (hw, missing),
         f"this_device({device.key})": (None, exact)}
+    # A sibling without packs of its own whose first sibling is this pack's hardware.
+    untuned = next((k for k in families.siblings(hw) if not (root / k).exists()
+                    and families.siblings(k)[:1] == (hw,)), None)
+    if untuned:
+        cases[f"family({untuned})"] = (untuned, exact)
     fns = {}
     cached = {}
     for name, (hkey, shp) in cases.items():

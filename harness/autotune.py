@@ -7,8 +7,9 @@
     my_kernel[grid](a, ..., M, N, K, E)      # grid: a tuple or a callable of the meta dict
 
 Each call reads the ``key`` arguments (by name, positional or keyword), looks up the config
-for this device once per distinct key (``harness.packs`` rules: exact, nearest, default),
-and launches with the config's meta-parameters and launch options. Nothing is benchmarked.
+for this device once per distinct key (``harness.packs`` rules: exact, nearest, a sibling
+GPU's pack, default), and launches with the config's meta-parameters and launch options.
+Nothing is benchmarked.
 
 ``kernel`` names a kernel family (registered name or ``package.module:Class``), whose
 ``dims`` the ``key`` arguments give, in any order (or a dict ``{dim: argument name}``), and
@@ -18,7 +19,7 @@ dims that must match), and its pack lives at ``<packs>/<hardware>/<kernel>.json`
 same.
 
 Opt-in online tuning (``online=True, configs=[...]``): on a miss (the lookup fell back to
-the default config) the configs are benchmarked once for that key with
+a sibling GPU's pack or the default config) the configs are benchmarked once for that key with
 ``triton.testing.do_bench`` (on the CPU interpreter: the first config that passes the
 kernel's constraints is taken, unmeasured), and the winner is appended to a JSON record
 file (``record=`` or ``$HARNESS_PACKS_ONLINE``) that ``kharness packs merge`` freezes into a
@@ -206,7 +207,8 @@ class PackedKernel:
             shape = {d: int(v) for d, v in zip(self.key, kvals, strict=True)}
             hit = _packs.lookup_entry(self._label, dtype, self.hardware_key, **shape)
             config = hit.config
-            if hit.source == "default" and self.online:
+            # A sibling GPU's pack (a family hit) is a miss for this GPU: tune it too.
+            if hit.source in ("default", "family") and self.online:
                 config = self._tune(shape, dtype, hit.config, args, kwargs, grid)
             launch = self.launch_kwargs(config)
             given = set(self.arg_names[:len(args)]) & launch.keys()

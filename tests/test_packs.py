@@ -377,7 +377,7 @@ def test_stats_count_every_call_and_misses_each_shape(counting):
         packs.lookup("grouped_gemm", "bf16", "A100", **SHAPE)                      # no pack
 
     _caught(go)
-    assert packs.stats == {"exact": 3, "nearest": 3, "default": 4}
+    assert packs.stats == {"exact": 3, "nearest": 3, "family": 0, "default": 4}
     recs = {(r["hardware"], r["shape_key"]): r for r in packs.misses()}
     assert set(recs) == {("H100", "M=40000,N=1408,K=2048,E=64"),
                          ("H100", "M=4096,N=4096,K=2048,E=64"),

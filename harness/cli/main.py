@@ -58,6 +58,8 @@ def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from harness.measure.bench import CASES_FILE, TUNING_EXPERIMENT, CostSettings, run_bench
 
     command = "kharness bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "kharness bench"
+    if args.regret or args.sibling:
+        return _cmd_regret(args, console, command)
     cost = CostSettings(Path(args.tuning_experiment or TUNING_EXPERIMENT), quick=args.quick,
                         enabled=not args.no_cost)
     report = run_bench(args.out, args.kernel or None, command,
@@ -66,6 +68,19 @@ def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
                        rounds=args.rounds)
     console.print(f"bench: {len(report['cases'])} cases in {report['wall_s']:.0f} s -> "
                   f"{args.out}/{report['environment']['hardware']}/bench.md")
+    return 1 if report.get("errors") else 0
+
+
+def _cmd_regret(args: argparse.Namespace, console: Console, command: str) -> int:
+    from harness.measure.bench import CASES_FILE
+    from harness.measure.regret import run_regret
+
+    report = run_regret(args.out, args.kernel or None, command,
+                        cases_file=args.cases or CASES_FILE, siblings=args.sibling,
+                        budget_s=args.budget_s, rounds=args.rounds,
+                        log=lambda m: console.print(m, markup=False))
+    console.print(f"bench --regret: {len(report['cases'])} cases in {report['wall_s']:.0f} s "
+                  f"-> {args.out}/{report['environment']['hardware']}/regret.md")
     return 1 if report.get("errors") else 0
 
 
@@ -103,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=3,
                    help="measure a case's variants in turn this many times; each shows its "
                    "median round (default 3)")
+    b.add_argument("--regret", action="store_true",
+                   help="instead: time each case's own pack entry, its family siblings' "
+                   "(H100's on an H200) and the default config in the same rounds; writes "
+                   "regret.{json,md} (sibling ms / own ms)")
+    b.add_argument("--sibling", action="append", metavar="KEY",
+                   help="with --regret: the sibling packs to time (repeatable; default: "
+                   "this GPU's family)")
     b.set_defaults(func=_cmd_bench)
     rp = sub.add_parser("report", help="a self-contained HTML report of an experiment")
     rp.add_argument("source", help="experiment name, its runs directory (runs/<name>), its "

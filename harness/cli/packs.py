@@ -1,4 +1,4 @@
-"""``kharness packs``: list, show, diff, merge, push, pull and export config packs.
+"""``kharness packs``: list, show, resolve, diff, merge, push, pull and export config packs.
 
 ``harness.cli.build_parser`` registers this group with ``add_parser(sub)``. Exit codes: 0
 success, 2 bad input (bad URL, unknown hardware, missing or damaged pack, conflicting
@@ -208,6 +208,75 @@ def _cmd_show(args: argparse.Namespace, console: Any) -> int:
                   f"    latency {_ms(e['metrics'].get('latency_ms'))}  "
                   f"device {prov.get('device_name', '?')}  triton {prov.get('triton', '?')}  "
                   f"torch {prov.get('torch', '?')}  {prov.get('date', '')}")
+    return 0
+
+
+# -- resolve ------------------------------------------------------------------------------
+def _pack_status(path: Path) -> str:
+    """"ok" where lookup would serve the pack, else "rejected: why" (as ``list`` says)."""
+    from harness.packs import format as fmt
+    from harness.packs import verify
+
+    try:
+        verify.check(fmt.read(path), str(path))
+    except fmt.PackError as exc:
+        return f"rejected: {exc}"
+    return "ok"
+
+
+def resolve(device: str | None, arch: str | None, dirs: list[Path],
+            kernel: str | None = None) -> dict[str, Any]:
+    """Which packs a device would use: its hardware key, its family, the keys lookup
+    tries in order, and per kernel the first of them with a pack it would serve (per
+    shape, a pack without an entry near the shape passes to the next)."""
+    from harness.measure import families, hardware
+
+    sm = None
+    if device is None:  # this machine's
+        spec = hardware.current_device()
+        device, sm = spec.name, spec.sm_count
+        arch = arch or hardware.current_arch()
+    key = hardware.hardware_key(device)
+    group = families.family_of(key, arch, device)
+    order = [key, *families.siblings(key, arch, device, sm)]
+    kernels: dict[str, dict[str, Any]] = {}
+    for hw in order:
+        for path in _find(dirs, hw, kernel):
+            row = kernels.setdefault(path.stem, {"kernel": path.stem, "hardware": None,
+                                                 "path": None, "source": "default",
+                                                 "passed": []})
+            if row["hardware"] is not None:
+                continue
+            status = _pack_status(path)
+            if status != "ok":
+                row["passed"].append({"hardware": hw, "path": str(path), "status": status})
+                continue
+            row.update(hardware=hw, path=str(path),
+                       source="own" if hw == key else "family")
+    return {"device": device, "hardware": key, "arch": arch,
+            "family": group.name if group else None,
+            "family_arch": group.arch if group else None, "order": order,
+            "kernels": [kernels[k] for k in sorted(kernels)]}
+
+
+def _cmd_resolve(args: argparse.Namespace, console: Any) -> int:
+    res = resolve(args.device, args.arch, _dirs(args), args.kernel)
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    fam = (f"family {res['family']} ({res['family_arch']})" if res["family"]
+           else "no family: its own packs, then the default config")
+    print(f"{res['device']} -> hardware {res['hardware']}; {fam}\n"
+          f"lookup order: {' -> '.join(res['order'])} -> default config")
+    if not res["kernels"]:
+        what = f"{args.kernel} packs" if args.kernel else "packs"
+        print(f"no {what} for any of them in {', '.join(map(str, _dirs(args)))}")
+    for r in res["kernels"]:
+        used = (f"{r['hardware']} ({r['source']})  {r['path']}" if r["hardware"]
+                else "default config (no pack it would serve)")
+        print(f"  {r['kernel']:<18} {used}")
+        for p in r["passed"]:
+            print(f"  {'':<18} skipped {p['hardware']}: {p['status']}")
     return 0
 
 
@@ -569,6 +638,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     dirs(q, search_help)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_guard(_cmd_show))
+
+    q = sub.add_parser("resolve", help="which packs a GPU would use: its own, else its "
+                       "family's (a GPU nobody tuned for)")
+    q.add_argument("--device", help="device name as the GPU reports it, e.g. 'NVIDIA H800' "
+                   "(default: this machine's)")
+    q.add_argument("--arch", help="its architecture where known (sm_90, gfx942): picks the "
+                   "family before the name does")
+    q.add_argument("--kernel", help="only this kernel")
+    dirs(q, search_help)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_guard(_cmd_resolve))
 
     q = sub.add_parser("diff", help="configs and latencies that differ between two packs")
     q.add_argument("a", help="a pack file (e.g. an older version) or a hardware key")

@@ -10,11 +10,17 @@ import re
 from functools import cache
 
 from harness.kernel.api import DeviceSpec
+from harness.measure import families
 
 # Ordered: the first pattern that matches the device name wins.
 _KEYS: list[tuple[str, str, str]] = [
     (r"\bH200\b", "H200", "nvidia"),
+    # H100 parts whose SMs or memory differ from the SXM part's have keys of their own
+    # (harness.measure.families: their lookups fall back to the H100 pack).
+    (r"\bH100\b.*\bPCIe\b", "H100-PCIe", "nvidia"),
+    (r"\bH100\b.*\bNVL\b", "H100-NVL", "nvidia"),
     (r"\bH100\b", "H100", "nvidia"),
+    (r"\bH20\b", "H20", "nvidia"),
     (r"\bH800\b", "H800", "nvidia"),
     (r"\bGH200\b", "GH200", "nvidia"),
     (r"\bB200\b", "B200", "nvidia"),
@@ -36,6 +42,7 @@ KNOWN_KEYS = ("H100", "H200", "A100", "V710", "cpu")
 #: Device memory of the largest variant of each known GPU (bytes): what a shape's inputs
 #: must fit in. The CPU's is this host's.
 _MEMORY = {"H100": 94e9, "H200": 141e9, "H800": 80e9, "GH200": 144e9, "B200": 192e9,
+           "H100-PCIe": 80e9, "H100-NVL": 94e9, "H20": 96e9,
            "A100": 80e9, "A10": 24e9, "L40S": 48e9, "L4": 24e9, "V710": 28e9,
            "MI300X": 192e9, "MI325X": 256e9, "MI250": 128e9}
 #: Keys derived from the name of a GPU the table does not know (``hardware_key``).
@@ -116,6 +123,25 @@ def current_device(index: int | None = None) -> DeviceSpec:
     )
 
 
+@cache
+def current_arch(index: int | None = None) -> str | None:
+    """The architecture of this process's GPU: ``sm_90`` (NVIDIA compute capability) or
+    ``gfx942`` (AMD gfx target); None on the CPU or where the device cannot tell."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        idx = torch.cuda.current_device() if index is None else index
+        props = torch.cuda.get_device_properties(idx)
+    except Exception:  # noqa: BLE001 - a device that cannot be asked has no known arch
+        return None
+    gcn = getattr(props, "gcnArchName", "") or ""
+    if getattr(torch.version, "hip", None) and gcn:
+        return gcn.split(":", 1)[0]  # "gfx942:sramecc+:xnack-" -> "gfx942"
+    return f"sm_{props.major}{props.minor}"
+
+
 def spec_for_key(key: str) -> DeviceSpec:
     """A static spec for a hardware key the driver has no device for (pruning only)."""
     table = {
@@ -129,4 +155,5 @@ def spec_for_key(key: str) -> DeviceSpec:
     }
     if key in table:
         return table[key]
-    return DeviceSpec(key=key, vendor=vendor_of(key), name=key)
+    # A GPU of a known architecture: its family's shared memory and instructions.
+    return families.static_spec(key) or DeviceSpec(key=key, vendor=vendor_of(key), name=key)

@@ -13,6 +13,7 @@ from harness.packs.lookup import (
     lookup,
     lookup_entry,
     misses,
+    pack_entry,
     reset_stats,
     runtime_versions,
     search_path,
@@ -23,6 +24,6 @@ from harness.packs.lookup import (
 
 __all__ = [
     "Hit", "PackError", "PackWarning", "configure", "freeze", "load", "lookup",
-    "lookup_entry", "misses", "pack_path", "read", "reset_stats", "runtime_versions",
-    "search_path", "stats", "strict", "write", "write_misses",
+    "lookup_entry", "misses", "pack_entry", "pack_path", "read", "reset_stats",
+    "runtime_versions", "search_path", "stats", "strict", "write", "write_misses",
 ]

@@ -5,11 +5,14 @@ detected once; each (hardware, kernel) pack is loaded lazily, validated, and cac
 distinct (kernel, dtype, hardware, shape) is resolved once and then served from a plain
 dict (the fast path of ``lookup``).
 
-Order: the exact shape, then the kernel's nearest shape (``Kernel.shape_distance``), then
-the kernel's default config. A pack is rejected as a whole, with one warning naming the
-file, if it is unreadable, fails the schema or its checksum, is filed under the wrong
-hardware or kernel, or holds a config that fails the kernel's own ``check_config`` for its
-shape on that hardware: the application then runs on defaults and never crashes. That
+Order: this hardware key's pack (the exact shape, then the kernel's nearest shape,
+``Kernel.shape_distance``), then the packs of its GPU family's siblings by the same rule
+(``harness.measure.families``: same architecture, the closest sibling first; one warning
+per kernel and sibling naming the GPU the pack was tuned on), then the kernel's default
+config. A pack is rejected as a whole, with one warning naming the file, if it is
+unreadable, fails the schema or its checksum, is filed under the wrong hardware or
+kernel, or holds a config that fails the kernel's own ``check_config`` for its shape on
+that hardware: lookup then goes on to the next pack in that order and never crashes. That
 holds for any bytes and any file type at a pack's place (a directory, a FIFO, a device, a
 symlink loop, a file or folder without read permission): whatever is found first is the
 pack, and what is not a readable pack is a rejected one.
@@ -24,7 +27,8 @@ build suffixes such as ``+cu130`` ignored) are used with one warning per file; s
 default config instead, also with one warning per file.
 
 A lookup that falls back to the default config is a *miss*; one served by the nearest
-entry is a *near-miss*. Both are counted (``stats``) and recorded per distinct shape
+entry is a *near-miss*; one served by a sibling GPU's pack is a *family* hit, a miss for
+this GPU. All are counted (``stats``) and recorded per distinct shape
 (``misses()``); ``write_misses(path)`` turns them into experiment YAML for tuning those
 shapes later, and ``HARNESS_PACKS_MISSES=path`` does that when the interpreter exits.
 """
@@ -49,7 +53,7 @@ from types import MappingProxyType
 from typing import Any
 
 from harness.kernel import api as kernel_api
-from harness.measure import hardware
+from harness.measure import families, hardware
 from harness.packs import format as fmt
 from harness.packs import verify
 
@@ -66,9 +70,12 @@ class PackWarning(UserWarning):
 @dataclass(frozen=True)
 class Hit:
     config: dict[str, Any]
-    source: str  # "exact", "nearest" or "default"
+    #: "exact" or "nearest": this hardware's pack; "family": a sibling GPU's pack (its
+    #: exact or nearest entry); "default": the kernel's default config.
+    source: str
     shape_key: str | None  # the pack entry used, if any
     path: str | None
+    hardware: str | None = None  # the hardware key of the pack used (a sibling's: family)
 
 
 @dataclass
@@ -77,6 +84,7 @@ class _Entry:
     shape: dict[str, int]
     config: dict[str, Any]
     version_note: str | None  # why it was tuned under "another version", else None
+    device: str | None = None  # the device name it was tuned on (provenance)
 
 
 @dataclass
@@ -98,7 +106,7 @@ _UNSET: Any = object()
 
 #: Lookups served, by source ("nearest" = near-misses, "default" = misses). Counted on
 #: every call (without a lock: the counts are approximate under threads).
-stats = {"exact": 0, "nearest": 0, "default": 0}
+stats = {"exact": 0, "nearest": 0, "family": 0, "default": 0}
 # (kernel, dtype, hardware, shape key) -> record; see misses().
 _misses: dict[tuple[str, str, str, str], dict[str, Any]] = {}
 
@@ -244,8 +252,11 @@ def _check_pack(data: dict[str, Any], where: str, hw: str, fam: kernel_api.Kerne
     for dtype in data["kernels"].get(fam.name, {}):
         pack.by_dtype.setdefault(dtype, [])
     for dtype, skey, shape, entry in verify.entries(data, where, fam):
+        prov = entry.get("provenance") or {}
+        device = prov.get("device_name")
         pack.by_dtype[dtype].append(_Entry(skey, shape, dict(entry["config"]),
-                                           _version_note(entry.get("provenance") or {})))
+                                           _version_note(prov),
+                                           device if isinstance(device, str) else None))
     return pack
 
 
@@ -275,7 +286,8 @@ def _load(hw: str, fam: kernel_api.Kernel) -> _Pack | None:
                 why = f"{path}: could not be checked ({type(exc).__name__}: {exc})"
             else:
                 break
-            _warn_once(("bad", str(path)), f"ignoring pack: {why}; using defaults")
+            _warn_once(("bad", str(path)), f"ignoring pack: {why}; using a sibling GPU's "
+                       "pack, else the default config")
             pack = _Pack({}, str(path), rejected=why)
             break  # the first pack found is the one used, good or bad
         _cache[ck] = pack
@@ -319,6 +331,71 @@ def _dim(name: str, value: Any) -> int:
                      "integers)")
 
 
+def _runs_on(fam: kernel_api.Kernel, row: _Entry, spec: kernel_api.DeviceSpec) -> bool:
+    """Whether a sibling's entry passes the checks of this GPU (its pack passed them on
+    the sibling's): launch options and the kernel's own constraints, at the entry's shape."""
+    try:
+        return not (verify.launch_options_error(row.config, spec)
+                    or fam.check_config(row.config, row.shape, spec))
+    except Exception:  # noqa: BLE001 - a kernel's check that fails is a "no"
+        return False
+
+
+def _pick(pack: _Pack | None, fam: kernel_api.Kernel, dtype: str, norm: dict[str, int],
+          skey: str, spec: kernel_api.DeviceSpec | None = None
+          ) -> tuple[_Entry | None, str, bool]:
+    """A pack's entry for the shape: the exact one, else the nearest (entries that fail
+    ``spec``'s checks skipped, where given), else None; with why not, and whether that is
+    a miss of a usable pack. Strict mode's refusal and the version note warn once per
+    file."""
+    rows = pack.by_dtype.get(dtype, []) if pack is not None and not pack.rejected else []
+    ranked: list[tuple[float, int, _Entry]] = []
+    for i, row in enumerate(rows):
+        if row.key == skey:
+            ranked.append((-1.0, i, row))
+            continue
+        try:
+            d = fam.shape_distance(norm, row.shape)
+        except Exception:  # noqa: BLE001 - a kernel's rule on a pack's shape: not near
+            continue
+        if d < math.inf:
+            ranked.append((d, i, row))
+    if spec is None:
+        best = min(ranked, key=operator.itemgetter(0, 1), default=(0, 0, None))[2]
+    else:
+        ranked.sort(key=operator.itemgetter(0, 1))
+        best = next((row for _, _, row in ranked if _runs_on(fam, row, spec)), None)
+    if best is None:
+        if pack is None:
+            return None, "no pack", False
+        if pack.rejected:  # and said so once, naming the file
+            return None, f"{pack.where} was rejected", False
+        return None, f"{pack.where} has no {dtype} entry near {skey}", True
+    if best.version_note and strict():
+        _warn_once(("strict", pack.where),
+                   f"{pack.where}: strict mode refuses entries tuned under another version "
+                   f"({best.key}: {best.version_note}); using a sibling GPU's pack, else "
+                   f"{fam.name}'s default config for them")
+        return None, f"strict mode refused {best.key} ({best.version_note})", False
+    if best.version_note:
+        _warn_once(("version", pack.where),
+                   f"{pack.where}: using entries tuned under another version ({best.key}: "
+                   f"{best.version_note}); set HARNESS_PACKS_STRICT=1 to refuse them")
+    return best, "", False
+
+
+def _siblings(hw: str, explicit: bool) -> tuple[str, ...]:
+    """The sibling hardware keys to try after ``hw``'s own pack, closest first. For this
+    device (no key given) its architecture, name and SM count are known too."""
+    try:
+        if explicit:
+            return families.siblings(hw)
+        dev = hardware.current_device()
+        return families.siblings(hw, hardware.current_arch(), dev.name, dev.sm_count)
+    except Exception:  # noqa: BLE001 - no family is known, never a failed lookup
+        return ()
+
+
 def _resolve(kernel: str | kernel_api.Kernel, dtype: str, hardware_key: str | None,
              shape: dict[str, Any]) -> tuple[Hit, list]:
     """The slow path: find the entry, count it, warn, and fill the fast path."""
@@ -332,52 +409,50 @@ def _resolve(kernel: str | kernel_api.Kernel, dtype: str, hardware_key: str | No
     skey = fam.shape_key(norm)
     with _lock:
         pack = _load(hw, fam)
-        rows = pack.by_dtype.get(dtype, []) if pack else []
-        best: _Entry | None = None
-        best_d = math.inf
-        for row in rows:
-            if row.key == skey:
-                best, best_d = row, 0.0
-                break
-            try:
-                d = fam.shape_distance(norm, row.shape)
-            except Exception:  # noqa: BLE001 - a kernel's rule on a pack's shape: not near
-                continue
-            if d < best_d:
-                best, best_d = row, d
-        source, why = "default", ""
-        if best is not None:
-            source = "exact" if best.key == skey else "nearest"
-            if best.version_note and strict():
-                _warn_once(("strict", pack.where),
-                           f"{pack.where}: strict mode refuses entries tuned under another "
-                           f"version ({best.key}: {best.version_note}); using "
-                           f"{fam.name}'s default config for them")
-                why = f"strict mode refused {best.key} ({best.version_note})"
-                best, source = None, "default"
-            elif best.version_note:
-                _warn_once(("version", pack.where),
-                           f"{pack.where}: using entries tuned under another version "
-                           f"({best.key}: {best.version_note}); set HARNESS_PACKS_STRICT=1 "
-                           f"to refuse them")
+        best, why, missed = _pick(pack, fam, dtype, norm, skey)
+        used, via = pack, None
         if best is None:
-            if pack is not None and pack.rejected:
-                why = f"{pack.where} was rejected"  # and said so once, naming the file
-            elif pack is None:
+            spec = None
+            for sib in _siblings(hw, hardware_key is not None):
+                spack = _load(sib, fam)
+                if spack is None or spack.rejected:
+                    continue
+                if spec is None:  # this GPU's: a sibling's entry must run here too
+                    spec = (hardware.current_device() if hardware_key is None
+                            else hardware.spec_for_key(hw))
+                best, _, _ = _pick(spack, fam, dtype, norm, skey, spec)
+                if best is not None:
+                    used, via = spack, sib
+                    break
+        if best is None:
+            source = "default"
+            if pack is None:
                 why = f"no {hw} pack for {fam.name}"
                 _warn_once(("nopack", hw, fam.name),
                            f"{why} (looked in {', '.join(map(str, search_path()))}): using "
                            f"{fam.name}'s default config")
-            elif not rows or best_d == math.inf:
-                why = f"{pack.where} has no {dtype} entry near {skey}"
+            elif missed:
                 # Once per dims that must match: a new batch size is not a new warning.
                 _warn_once(("miss", hw, fam.name, dtype,
                             tuple(norm[d] for d in fam.exact_dims)),
                            f"{why}: using {fam.name}'s default config")
             hit = Hit(dict(fam.default_config), "default", None, None)
-        else:
-            hit = Hit(dict(best.config), source, best.key, pack.where)
+        elif via is None:
+            source = "exact" if best.key == skey else "nearest"
+            hit = Hit(dict(best.config), source, best.key, pack.where, hw)
             why = f"nearest entry {best.key}" if source == "nearest" else ""
+        else:
+            source = "family"
+            group = families.family_of(via)
+            kind = "exact" if best.key == skey else "nearest"
+            mine = f"no {hw} pack" if pack is None else why
+            arch = f"{group.name}, {group.arch}" if group else "same family"
+            _warn_once(("family", hw, fam.name, via),
+                       f"{fam.name} on {hw}: {mine}; using the {via} pack, tuned on "
+                       f"{best.device or via} ({arch}): {used.where}. Tuning this GPU "
+                       "replaces it (packs.write_misses lists the shapes)")
+            why = f"{via} pack ({kind} entry {best.key}): {mine}"
+            hit = Hit(dict(best.config), source, best.key, used.where, via)
         rec = None
         if source != "exact":
             rec = _record_miss(label, fam, dtype, hw, norm, skey, source, hit.shape_key, why)
@@ -386,6 +461,26 @@ def _resolve(kernel: str | kernel_api.Kernel, dtype: str, hardware_key: str | No
         slot = [MappingProxyType(dict(hit.config)), source, rec]
         _fast[(kernel, dtype, hardware_key, tuple(shape.items()))] = slot
     return hit, slot
+
+
+def pack_entry(hardware_key: str, kernel: str | kernel_api.Kernel, dtype: str,
+               shape: dict[str, Any]) -> Hit | None:
+    """The entry of one hardware key's pack for ``shape`` (exact, else nearest), without
+    the family or default steps: None where that pack has none (missing, rejected,
+    refused by strict mode). For comparing packs (``kharness bench --regret``): not
+    counted in ``stats`` nor recorded as a miss."""
+    fam = kernel if isinstance(kernel, kernel_api.Kernel) else kernel_api.get(kernel)
+    if not isinstance(hardware_key, str) or fmt.safe_name(hardware_key) != hardware_key:
+        raise ValueError(f"packs.pack_entry: {hardware_key!r} is not a hardware key")
+    norm = fam.validate_shape({k: _dim(k, v) for k, v in shape.items()})
+    skey = fam.shape_key(norm)
+    with _lock:
+        pack = _load(hardware_key, fam)
+        best, _, _ = _pick(pack, fam, dtype, norm, skey)
+    if best is None or pack is None:
+        return None
+    return Hit(dict(best.config), "exact" if best.key == skey else "nearest", best.key,
+               pack.where, hardware_key)
 
 
 def lookup_entry(kernel: str | kernel_api.Kernel, dtype: str = "bf16",
