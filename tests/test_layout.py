@@ -75,3 +75,22 @@ def test_the_root_of_harness_holds_only_its_public_face() -> None:
     data = [p.name for p in (ROOT / "harness").iterdir()
             if p.is_file() and p.suffix not in (".py", ".typed")]
     assert not data, f"data files belong to their package: {data}"
+
+
+def test_no_submodule_shares_a_name_with_its_package_s_api() -> None:
+    """Importing ``harness.packs.x`` sets the package's attribute ``x`` to the module: a
+    function ``x`` that the package's ``__init__`` exports would be replaced by it."""
+    clashes = []
+    for init in (ROOT / "harness").rglob("__init__.py"):
+        pkg = init.parent
+        subs = {p.stem for p in pkg.glob("*.py")} | {p.name for p in pkg.iterdir()
+                                                     if (p / "__init__.py").exists()}
+        for module, names in _imports(init):
+            for name in names:
+                # ``from .x import x`` loads the module first: the function wins, and stays.
+                if name in subs and module != ".".join((*pkg.relative_to(ROOT).parts, name)):
+                    clashes.append(f"{pkg.relative_to(ROOT)}: {name} from {module}")
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in subs:
+                clashes.append(f"{pkg.relative_to(ROOT)}: {node.name} defined")
+    assert not clashes, clashes

@@ -15,12 +15,12 @@ from harness.packs.lookup import (
     misses,
     pack_entry,
     reset_stats,
-    runtime_versions,
     search_path,
     stats,
     strict,
-    write_misses,
 )
+from harness.packs.miss_files import write_misses
+from harness.packs.versions import runtime_versions
 
 __all__ = [
     "Hit", "PackError", "PackWarning", "configure", "freeze", "load", "lookup",

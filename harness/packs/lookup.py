@@ -35,18 +35,15 @@ shapes later, and ``HARNESS_PACKS_MISSES=path`` does that when the interpreter e
 
 from __future__ import annotations
 
-import atexit
 import math
 import numbers
 import operator
 import os
-import re
 import sys
 import threading
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cache
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -56,6 +53,7 @@ from harness.kernel import api as kernel_api
 from harness.measure import families, hardware
 from harness.packs import format as fmt
 from harness.packs import verify
+from harness.packs.versions import release, runtime_versions
 
 #: The packs shipped with the harness: package data, read-only (a run never writes here).
 SHIPPED = Path(str(resources.files("harness.packs").joinpath("shipped")))
@@ -201,36 +199,13 @@ def _warn_once(key: tuple, message: str) -> None:
 
 
 # -- versions -----------------------------------------------------------------------------
-def _release(version: str) -> str:
-    """'2.11.0+cu130' -> '2.11.0': local build suffixes do not change generated code."""
-    return version.split("+", 1)[0].strip()
-
-
-@cache
-def runtime_versions() -> dict[str, str | None]:
-    """The Triton and torch versions of this process (without importing them)."""
-    out: dict[str, str | None] = {}
-    for name in ("triton", "torch"):
-        mod = sys.modules.get(name)
-        v = getattr(mod, "__version__", None) if mod is not None else None
-        if v is None:
-            import importlib.metadata  # ~20 ms: only when the module is not loaded yet
-
-            try:
-                v = importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                v = None
-        out[name] = str(v) if v else None
-    return out
-
-
 def _version_note(provenance: dict[str, Any]) -> str | None:
     notes = []
     for name, now in runtime_versions().items():
         tuned = provenance.get(name)
         if not tuned:
             notes.append(f"{name} unrecorded")
-        elif now and _release(str(tuned)) != _release(now):
+        elif now and release(str(tuned)) != release(now):
             notes.append(f"{name} {tuned} (this process: {now})")
     if notes and all(n.endswith("unrecorded") for n in notes) and not strict():
         return None  # nothing to compare against: only strict mode cares
@@ -514,76 +489,3 @@ def misses() -> list[dict[str, Any]]:
     = near-miss), entry (the pack entry used), why, calls."""
     with _lock:
         return [dict(r, shape=dict(r["shape"])) for r in _misses.values()]
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "kernel"
-
-
-def write_misses(path: str | Path, include_nearest: bool = True) -> list[Path]:
-    """Write the recorded misses as experiment YAML (README "Experiment files"), one
-    experiment per kernel: ``path`` itself when one kernel missed, else
-    ``<stem>_<kernel><suffix>`` per kernel next to it. Returns the files written (none if
-    nothing missed). Near-misses are included unless ``include_nearest`` is False.
-
-    Kernels that no Kernel family describes (``harness.autotune`` with an ad-hoc name)
-    cannot be tuned by ``kharness run`` and are left out with a warning.
-    """
-    import datetime as dt
-
-    import yaml
-
-    path = Path(path)
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for rec in misses():
-        if rec["source"] == "nearest" and not include_nearest:
-            continue
-        groups.setdefault(rec["kernel"], []).append(rec)
-    plans = []
-    for label, recs in sorted(groups.items()):
-        try:
-            fam = kernel_api.get(label)
-        except (KeyError, ImportError, AttributeError, TypeError):
-            warnings.warn(f"misses of {label!r} not written: it is not a registered kernel "
-                          "family or import path", PackWarning, stacklevel=2)
-            continue
-        recs.sort(key=lambda r: (r["hardware"], r["dtype"], [r["shape"][d] for d in fam.dims]))
-        shapes: list[dict[str, int]] = []
-        for r in recs:
-            if r["shape"] not in shapes:
-                shapes.append(r["shape"])
-        dtypes = sorted({r["dtype"] for r in recs if r["dtype"] in fam.dtypes})
-        if not dtypes:
-            continue
-        hw = sorted({r["hardware"] for r in recs})
-        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        head = [f"# Shapes that missed the {fam.name} packs, recorded by harness.packs "
-                f"({now}).", "# Tune them with: kharness run <this file>", "#"]
-        head += [f"#   {r['hardware']} {r['dtype']} {r['shape_key']}: {r['source']}"
-                 f"{' (' + r['why'] + ')' if r['why'] else ''}, {r['calls']} calls"
-                 for r in recs]
-        doc = {"name": _safe(f"misses-{fam.name}"), "kernel": label, "shapes": shapes,
-               "dtypes": dtypes, "hardware": hw, "output": {"packs_dir": "packs"}}
-        plans.append((fam.name, "\n".join(head) + "\n"
-                      + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)))
-    if len(plans) == 1:
-        targets = [path]
-    else:
-        targets = [path.with_name(f"{path.stem}_{_safe(n)}{path.suffix or '.yaml'}")
-                   for n, _ in plans]
-    for target, (_, text) in zip(targets, plans, strict=True):
-        fmt.write_text(target, text)
-    return targets
-
-
-def _write_misses_at_exit() -> None:
-    path = os.environ.get("HARNESS_PACKS_MISSES")
-    if not path or not _misses:
-        return
-    try:
-        write_misses(path)
-    except Exception as exc:  # never turn a clean exit into a traceback
-        print(f"harness.packs: could not write misses to {path}: {exc}", file=sys.stderr)
-
-
-atexit.register(_write_misses_at_exit)
