@@ -4,7 +4,12 @@ shapes), the look-back protocol's aggregates and its bounded wait, GPU checks at
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,6 +155,26 @@ def test_lookback_state_dtype(state, device):
     # The published states round to STATE_DTYPE; fp16 inputs (fp32 ones demand fp32 states).
     cfg = {"IMPL": "fused", "CARRY": "lookback", "STATE_DTYPE": state}
     _run(SMALL, "fp16", cfg, device, seed=9)
+
+
+@pytest.mark.slow
+def test_carry_benchmark_runs_every_carry(tmp_path, device):
+    # benchmarks/ssd_bench.py --carries at an interpreter-sized shape: every carry is timed
+    # and checked, and the target lines are written.
+    if device != "cpu":
+        pytest.skip("the GPU run is the benchmark itself")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, str(root / "benchmarks/ssd_bench.py"), "--carries", "--device",
+           "cpu", "--sweep-L", "48", "--shape", "2,16,16", "--dtypes", "fp32",
+           "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=600)
+    out = json.loads((tmp_path / "ssd_carries.json").read_text())
+    timed = {r["impl"] for r in out["rows"] if r["ms"] and r["passed"] and r["err"] < 1e-4}
+    for carry in ("lookback", "chained"):
+        assert f"fused {carry} c64 w4 fp32" in timed
+    assert "fused sequential (default)" in timed and "five (default)" in timed
+    assert out["targets"] and out["targets"][0].startswith("target fp32: fused ")
 
 
 @pytest.mark.slow
