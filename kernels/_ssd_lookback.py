@@ -185,6 +185,9 @@ def ssd_lookback_kernel(
     decay = total * 0.0  # log of the decay from the end of chunk j to the start of c
     j = c - 1
     done = (c == 0).to(tl.int32)
+    # An inclusive prefix seen above is final; anything else is polled afresh, since the
+    # predecessor may have moved on while this program published.
+    f = tl.where(f == INCLUSIVE, f, 0)
     while done == 0:
         pslot = (pid_b * nchunks + j) * H + head
         f = _wait(flags + pslot, f, sync_ptr + 1, SPIN_BOUND)
