@@ -10,6 +10,15 @@ fp64 reference (the minimal chunked SSD on upcast inputs). Timing is the harness
     python benchmarks/ssd_bench.py --out results/        # table on stdout, ssd_bench.json
 
 Compiles are warmed up in ``--jobs`` worker processes first (they share Triton's cache).
+
+``--carries`` times the fused SSD's state carries against each other and the five-kernel
+pipeline at ``--sweep-L`` (16K): ``CARRY`` lookback and chained (one launch) over chunk
+size, warps and state dtype, sequential (two launches; its tuned and default configs), and
+the five-kernel pipeline at each shipped pack's config, in fp32 and bf16; then checks the
+targets (fp32: a one-launch carry >= 1.4x the fastest five-kernel config and <= 2.5 ms at
+max abs err <= 1e-4; bf16: the fastest fused config <= 1.0 ms)::
+
+    python benchmarks/ssd_bench.py --carries --out results/   # table, ssd_carries.json
 """
 
 from __future__ import annotations
@@ -56,10 +65,109 @@ def sweep_configs() -> list[dict[str, Any]]:
 
 def five_configs() -> dict[str, dict[str, Any]]:
     """The five-kernel baselines: the shipped H200 pack's config at 16K and the default."""
-    entries = json.loads(PACK.read_text())["kernels"]["mamba2_ssd"]["fp32"]
+    return {"five (pack)": _pack_config(PACK), "five (default)": {"IMPL": "five"}}
+
+
+def _pack_config(path: Path) -> dict[str, Any]:
+    entries = json.loads(path.read_text())["kernels"]["mamba2_ssd"]["fp32"]
     shape = {"b": 1, "L": 16384, "h": 80, "p": 64, "g": 1, "n": 128}
-    tuned = entries[KERNEL.shape_key(shape)]["config"]
-    return {"five (pack)": tuned, "five (default)": {"IMPL": "five"}}
+    return entries[KERNEL.shape_key(shape)]["config"]
+
+
+#: The sequential carry's fastest configs of the H200 sweep (2026-11-26), per dtype.
+SEQUENTIAL_TUNED = {
+    "fp32": {"IMPL": "fused", "CARRY": "sequential", "CHUNK_SIZE": 64, "STATE_DTYPE": "fp32",
+             "BLOCK_P": 16, "PREFETCH_C": 0, "num_warps": 4},
+    "bf16": {"IMPL": "fused", "CARRY": "sequential", "CHUNK_SIZE": 64, "STATE_DTYPE": "fp16",
+             "BLOCK_P": 32, "PREFETCH_C": 1, "num_warps": 4},
+}  # fmt: skip
+
+
+def carry_configs(dtype: str) -> dict[str, dict[str, Any]]:
+    """Named configs of the carry comparison (before pruning)."""
+    out = {f"five (pack {p.parent.name})": _pack_config(p)
+           for p in sorted(PACK.parents[1].glob("*/mamba2_ssd.json"))}  # fmt: skip
+    out["five (default)"] = {"IMPL": "five"}
+    out["fused sequential (tuned)"] = SEQUENTIAL_TUNED[dtype]
+    out["fused sequential (default)"] = {"IMPL": "fused", "CARRY": "sequential"}
+    states = ("fp32",) if dtype == "fp32" else ("fp32", "fp16")
+    for carry, chunk, warps, state in itertools.product(
+        ("lookback", "chained"), (64, 128), (4, 8), states
+    ):
+        out[f"fused {carry} c{chunk} w{warps} {state}"] = {
+            "IMPL": "fused", "CARRY": carry, "CHUNK_SIZE": chunk, "num_warps": warps,
+            "STATE_DTYPE": state}  # fmt: skip
+    return out
+
+
+def carries(args: argparse.Namespace, timing: Timing) -> None:
+    """The carry comparison (``--carries``): table, target checks, ssd_carries.json."""
+    dev = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    spec, L = current_device(), args.sweep_L
+    shape = shape_at(L)
+    rows: list[dict[str, Any]] = []
+    for dtype in args.dtypes.split(","):
+        inputs = KERNEL.make_inputs(shape, dtype, 5, args.device)
+        ref = reference64(inputs)
+        for name, cfg in carry_configs(dtype).items():
+            why = KERNEL.check_config(cfg, shape, spec)
+            r = {"ms": None, "err": None, "error": f"pruned: {why}"} if why else \
+                measure(inputs, shape, cfg, ref, timing)  # fmt: skip
+            rows.append({"dtype": dtype, "L": L, "impl": name, "config": cfg, **r})
+            print(f"# {dtype} {name}: {r}")
+        del inputs, ref
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    for dtype in {r["dtype"] for r in rows}:
+        mine = [r for r in rows if r["dtype"] == dtype and r["ms"]]
+        five = min((r["ms"] for r in mine if r["impl"].startswith("five")), default=None)
+        seq = min((r["ms"] for r in mine if "sequential" in r["impl"]), default=None)
+        for r in mine:
+            r["x_five"] = five / r["ms"] if five else None
+            r["x_sequential"] = seq / r["ms"] if seq else None
+    print(f"\n{dev}, torch {torch.__version__}, triton {triton.__version__}, L={L}")
+    print("{:5} {:30} {:>8} {:>7} {:>7} {:>10} {:>4}".format(
+        "dtype", "impl", "ms", "x five", "x seq", "max err", "tol"))  # fmt: skip
+    for r in rows:
+        ms = f"{r['ms']:.3f}" if r["ms"] else "-"
+        x5 = f"{r['x_five']:.2f}" if r.get("x_five") else "-"
+        xs = f"{r['x_sequential']:.2f}" if r.get("x_sequential") else "-"
+        err = f"{r['err']:.2e}" if r["err"] is not None else "-"
+        ok = {True: "ok", False: "FAIL"}.get(r.get("passed"), r.get("error", "-")[:40])
+        print(f"{r['dtype']:5} {r['impl']:30} {ms:>8} {x5:>7} {xs:>7} {err:>10} {ok:>4}")
+    verdicts = _targets(rows)
+    for line in verdicts:
+        print(line)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ssd_carries.json").write_text(json.dumps(
+        {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
+         "L": L, "rows": rows, "targets": verdicts}, indent=1))  # fmt: skip
+
+
+def _targets(rows: list[dict[str, Any]]) -> list[str]:
+    """The target lines: the fastest passing one-launch fp32 config against 1.4x / 2.5 ms
+    at 1e-4, the fastest passing fused bf16 config against 1.0 ms."""
+    def best(dtype: str, pick) -> dict[str, Any] | None:
+        ok = [r for r in rows if r["dtype"] == dtype and r["ms"] and r.get("passed")
+              and pick(r)]  # fmt: skip
+        return min(ok, key=lambda r: r["ms"]) if ok else None
+
+    out = []
+    f32 = best("fp32", lambda r: ("lookback" in r["impl"] or "chained" in r["impl"])
+               and r["err"] <= 1e-4)  # fmt: skip
+    if f32:
+        x5 = f32.get("x_five") or 0.0
+        met = f32["ms"] <= 2.5 and x5 >= 1.4
+        out.append(f"target fp32: {f32['impl']} {f32['ms']:.3f} ms, {x5:.2f}x five, "
+                   f"err {f32['err']:.1e}: {'MET' if met else 'NOT MET'} (>= 1.4x, <= 2.5 ms)")
+    one_launch = ("lookback", "chained")
+    for label, pick in (("fused", lambda r: r["impl"].startswith("fused")),
+                        ("one-launch", lambda r: any(c in r["impl"] for c in one_launch))):
+        bf = best("bf16", pick)
+        if bf:
+            out.append(f"target bf16 ({label}): {bf['impl']} {bf['ms']:.3f} ms: "
+                       f"{'MET' if bf['ms'] <= 1.0 else 'NOT MET'} (<= 1.0 ms)")
+    return out
 
 
 def shape_at(L: int) -> dict[str, int]:
@@ -151,10 +259,15 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shape", default="", help="override h,p,n (a smoke run), e.g. 2,16,16")
+    ap.add_argument("--carries", action="store_true",
+                    help="compare the fused SSD's CARRY choices and the five-kernel pipeline")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.shape:
         BASE.update(zip(("h", "p", "n"), map(int, args.shape.split(",")), strict=True))
+    if args.carries:
+        carries(args, Timing())
+        return
     dev = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     timing = Timing()
     dtypes = args.dtypes.split(",")

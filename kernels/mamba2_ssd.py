@@ -10,15 +10,19 @@ per-head/per-step scalars kept in fp32). Output ``y`` (b, L, h, p) in the input 
 i.e. the recurrence ``s_t = exp(dt_t A) s_{t-1} + dt_t x_t B_t^T``, ``y_t = s_t C_t + D x_t``.
 The final state is not returned.
 
-Tunables: ``IMPL`` (``five``: the five-kernel pipeline; ``fused``: two launches, a
-chunk-parallel one that computes each chunk's intra-chunk output and end state, and a
-sequential one per head that carries the state across chunks and adds ``C . state``),
-``CHUNK_SIZE``, ``STATE_DTYPE`` (dtype of the per-chunk states stored between launches; the
-carried state is fp32), ``PREFETCH_C`` (fused: the carry prefetches C tiles into registers
-one chunk ahead, instead of leaving them to the pipeliner), ``BLOCK_M`` / ``BLOCK_K`` (five:
-row / reduction tiles within a chunk), ``BLOCK_P`` (head-dim tile; fused: of the sequential
-carry), ``num_warps``, ``num_stages`` (fused: of the chunk launch; the carry runs 4 warps,
-2 stages). ``n`` is never tiled (one tile of
+Tunables: ``IMPL`` (``five``: the five-kernel pipeline; ``fused``: the chunk-parallel
+work in one launch, each program computing one chunk's output and end state), ``CARRY``
+(fused: how the state crosses chunks: ``sequential``, a second launch per head that walks
+the chunks in order and adds ``C . state``; ``lookback``, in the same launch, each chunk
+program publishing its own end state and looking back over its predecessors' until one
+has published its true end state (a decoupled look-back, ``kernels._ssd_lookback``);
+``chained``, the same launch where each program waits for its predecessor's true end
+state), ``CHUNK_SIZE``, ``STATE_DTYPE`` (dtype of the per-chunk states stored in global
+memory; states are combined in fp32), ``PREFETCH_C`` (sequential carry: prefetch C tiles
+into registers one chunk ahead, instead of leaving them to the pipeliner), ``BLOCK_M`` /
+``BLOCK_K`` (five: row / reduction tiles within a chunk), ``BLOCK_P`` (head-dim tile;
+fused: of the sequential carry), ``num_warps``, ``num_stages`` (fused: of the chunk launch;
+the sequential carry runs 4 warps, 2 stages). ``n`` is never tiled (one tile of
 next_pow2(n) <= 256). Any ``L`` works: the ragged last chunk is masked.
 
 Inner products: bf16/fp16 inputs multiply in the input dtype with fp32 accumulation; fp32
@@ -38,6 +42,7 @@ import triton
 import triton.language as tl
 
 from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from kernels import _ssd_lookback as LB
 from kernels import _ssd_triton as K
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -51,6 +56,8 @@ REF_CHUNK = 64
 #: by its CHUNK^2 tile alone: at 128 x 128 on 4 warps it still ran fastest among the chunk-128
 #: configs in bf16 (H200, 2026-11-26).
 _MAX_REGS_PER_THREAD = 128
+#: How the fused IMPL carries the state across chunks (the look-back ones in one launch).
+CARRIES = ("sequential", "lookback", "chained")
 
 
 def _fp32_dot_precision(interpreted: bool) -> str:
@@ -178,6 +185,7 @@ class Mamba2SSD(Kernel):
     exact_dims = ("h", "p", "g", "n")
     default_config: ClassVar[dict[str, Any]] = {
         "IMPL": "fused",
+        "CARRY": "sequential",
         "CHUNK_SIZE": 64,
         "STATE_DTYPE": "fp32",
         "PREFETCH_C": 0,
@@ -264,6 +272,15 @@ class Mamba2SSD(Kernel):
             "PREC": _fp32_dot_precision(interpreted) if x.dtype == torch.float32 else "tf32",
         }
         nchunks = triton.cdiv(L, chunk)
+
+        if cfg["IMPL"] == "fused" and cfg["CARRY"] != "sequential":
+            if cfg["CARRY"] not in CARRIES:
+                raise ValueError(f"{self.name}: unknown CARRY {cfg['CARRY']!r}")
+            return LB.make_run(LB.LookbackLaunch(
+                (x, dt, A, B, C, D), y, chunk=chunk, state=state_t,
+                decoupled=cfg["CARRY"] == "lookback", dot_meta=common,
+                num_warps=warps, num_stages=stages,
+            ))  # fmt: skip
 
         if cfg["IMPL"] == "fused":
             bpf = max(16, _next_pow2(p))
@@ -416,7 +433,9 @@ class Mamba2SSD(Kernel):
         if cfg["IMPL"] == "fused":
             # Chunk launch: C and B^T, the masked C B^T and x (and x * w) as dot operands.
             q, bpf = int(cfg["CHUNK_SIZE"]), max(16, _next_pow2(p))
-            return e * (2 * q * bn + q * q + 2 * q * bpf)
+            # The look-back's C . state product adds the state as an operand.
+            extra = bn * bpf if cfg["CARRY"] != "sequential" else 0
+            return e * (2 * q * bn + q * q + 2 * q * bpf + extra)
         scan = ns * (bm * bk * 4 + bk * bp * e) + e * (bm * bn + bn * bp)
         state = ns * (bp * bk + bk * bn) * e
         bmm = (bm * bn + bn * bk) * e
@@ -432,6 +451,8 @@ class Mamba2SSD(Kernel):
             return f"unknown IMPL {cfg['IMPL']!r}"
         if str(cfg["STATE_DTYPE"]) not in _TORCH_DTYPES:
             return f"unknown STATE_DTYPE {cfg['STATE_DTYPE']!r}"
+        if cfg["CARRY"] not in CARRIES:
+            return f"unknown CARRY {cfg['CARRY']!r}"
         chunk = int(cfg["CHUNK_SIZE"])
         bm, bk, bp = int(cfg["BLOCK_M"]), int(cfg["BLOCK_K"]), int(cfg["BLOCK_P"])
         for name, v in (("CHUNK_SIZE", chunk), ("BLOCK_M", bm), ("BLOCK_K", bk), ("BLOCK_P", bp)):
@@ -441,10 +462,15 @@ class Mamba2SSD(Kernel):
             return f"CHUNK_SIZE={chunk} > next_pow2(L={L})"
         # A tunable the IMPL ignores keeps its default value, so that a search does not
         # time one config under several names.
-        ignored = ("BLOCK_M", "BLOCK_K") if cfg["IMPL"] == "fused" else ("PREFETCH_C",)
+        lookback = cfg["IMPL"] == "fused" and cfg["CARRY"] != "sequential"
+        if cfg["IMPL"] == "five":
+            ignored: tuple[str, ...] = ("PREFETCH_C", "CARRY")
+        else:  # BLOCK_P and PREFETCH_C tune the sequential carry's launch only
+            ignored = ("BLOCK_M", "BLOCK_K") + (("BLOCK_P", "PREFETCH_C") if lookback else ())
+        used_by = f"IMPL={cfg['IMPL']}" + (f", CARRY={cfg['CARRY']}" if lookback else "")
         for name in ignored:
             if cfg[name] != self.default_config[name]:
-                return f"{name} is unused by IMPL={cfg['IMPL']} (only its default is searched)"
+                return f"{name} is unused by {used_by} (only its default is searched)"
         if cfg["IMPL"] == "five" and (bm > chunk or bk > chunk):
             return f"BLOCK_M={bm} / BLOCK_K={bk} must not exceed CHUNK_SIZE={chunk}"
         if bp > max(16, _next_pow2(p)):
@@ -455,8 +481,11 @@ class Mamba2SSD(Kernel):
         warps = int(cfg["num_warps"])
         if cfg["IMPL"] == "fused":
             # Chunk launch: the shared C B^T tile and its masked copy dominate (the output
-            # and state accumulators come after it is consumed).
+            # and state accumulators come after it is consumed). The look-back also holds
+            # two (n, p) fp32 states, the chunk's own and the sum it builds.
             regs = chunk * chunk
+            if lookback:
+                regs = max(regs, 2 * bn * max(16, _next_pow2(p)))
         else:
             regs = max(bm * bp + bm * bk, bp * bn, bm * bk)
         if regs / (32 * warps) > _MAX_REGS_PER_THREAD:

@@ -1,15 +1,22 @@
-"""Mamba-2 chunked SSD: the reference against an fp64 recurrence, both IMPLs and every
-tunable choice against the reference (CPU interpreter, tiny shapes), GPU checks at 4K."""
+"""Mamba-2 chunked SSD: the reference against an fp64 recurrence, both IMPLs, every carry
+of the fused one and every tunable choice against the reference (CPU interpreter, tiny
+shapes), the look-back protocol's aggregates and its bounded wait, GPU checks at 4K and 16K."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from harness.kernel.api import DeviceSpec
-from kernels.mamba2_ssd import Mamba2SSD, ssd_minimal, ssd_recurrent
+from kernels._ssd_lookback import LookbackLaunch
+from kernels.mamba2_ssd import _TL_DTYPES, Mamba2SSD, ssd_minimal, ssd_recurrent
 
 KERNEL = Mamba2SSD()
 CPU = DeviceSpec(key="cpu", vendor="cpu", interpreted=True)
@@ -70,6 +77,104 @@ def test_fused_carry_prefetch(prefetch, device):
     # Both ways the carry reads C; ragged L, two groups, two p tiles, odd n.
     cfg = {"IMPL": "fused", "CHUNK_SIZE": 64, "BLOCK_P": 16, "PREFETCH_C": prefetch}
     _run({**RAGGED, "b": 1, "h": 2}, "fp32", cfg, device, seed=7)
+
+
+# Two batches, two groups, p and n not powers of two; L gives 1, 2 and 5 (ragged) chunks.
+CARRY_SHAPE = {"b": 2, "L": 16, "h": 4, "p": 24, "g": 2, "n": 20}
+CHUNK_COUNTS = {"1-chunk": (16, 16), "2-chunks": (32, 16), "5-ragged": (150, 32)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunks", list(CHUNK_COUNTS))
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("carry", ["sequential", "lookback", "chained"])
+def test_fused_carries(carry, dtype, chunks, device):
+    L, chunk = CHUNK_COUNTS[chunks]
+    shape = {**CARRY_SHAPE, "L": L}
+    seed = 100 + 10 * list(CHUNK_COUNTS).index(chunks) + (dtype == "bf16")
+    cfg = {"IMPL": "fused", "CARRY": carry, "CHUNK_SIZE": chunk}
+    out, ref = _run(shape, dtype, cfg, device, seed=seed)
+    if dtype == "fp32":  # the family's fp32 bound, not just a loose pass
+        assert (out - ref).abs().max() <= 1e-4
+
+
+def _lookback(shape, dtype, device, seed, **kw):
+    inputs = KERNEL.make_inputs(shape, dtype, seed, device)
+    x = inputs["x"]
+    interpreted = device == "cpu"
+    meta = {"DOT": _TL_DTYPES[x.dtype], "UPCAST": interpreted and x.dtype == torch.bfloat16,
+            "PREC": "ieee" if interpreted else "tf32x3"}  # fmt: skip
+    launch = LookbackLaunch(
+        tuple(inputs[k] for k in NAMES), torch.empty_like(x), chunk=16, state=torch.float32,
+        dot_meta=meta, num_warps=4, num_stages=1, **kw,
+    )  # fmt: skip
+    return inputs, launch
+
+
+@pytest.mark.parametrize("incl_every", [2, 3])
+def test_lookback_walks_aggregates(incl_every, device):
+    # Programs run one after another in the interpreter, so a predecessor has always
+    # published its inclusive prefix; publishing it only every k-th chunk makes the
+    # look-back combine up to k - 1 aggregates, as concurrent programs do on a GPU.
+    shape = {"b": 2, "L": 112, "h": 2, "p": 16, "g": 1, "n": 16}  # 7 chunks
+    inputs, launch = _lookback(shape, "fp32", device, 20 + incl_every, decoupled=True,
+                               incl_every=incl_every)  # fmt: skip
+    out = launch()
+    ref = KERNEL.reference(inputs, shape)
+    assert (out - ref).abs().max() <= 1e-4
+    flags = launch.sync[2:].view(shape["b"], launch.nchunks, shape["h"]).cpu()
+    for c in range(launch.nchunks - 1):  # the last chunk publishes nothing
+        want = 2 if c % incl_every == 0 else 1
+        assert (flags[:, c] == want).all(), (c, flags[:, c])
+    assert (flags[:, -1] == 0).all()
+
+
+def test_lookback_refuses_aggregates_off_the_decoupled_carry(device):
+    with pytest.raises(ValueError, match="decoupled"):
+        _lookback(SMALL, "fp32", device, 0, decoupled=False, incl_every=2)
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_lookback_reports_an_unset_flag_instead_of_spinning(decoupled, device):
+    # Tickets start past chunk 0, so its programs never run and its flags stay unset: the
+    # interpreter stops polling after a bound and counts the flags it gave up on.
+    if device != "cpu":
+        pytest.skip("the bounded wait is the interpreter's; a GPU waits for the flag")
+    _, launch = _lookback(SMALL, "fp32", device, 0, decoupled=decoupled)
+    launch.sync.zero_()
+    launch.sync[0] = SMALL["b"] * SMALL["h"]
+    launch.launch()
+    assert launch.given_up() == SMALL["b"] * SMALL["h"]  # one per chunk-1 program
+    # A call zeroes the workspace first, and then nothing is given up on.
+    launch()
+    assert launch.given_up() == 0
+
+
+@pytest.mark.parametrize("state", ["fp16", "bf16"])
+def test_lookback_state_dtype(state, device):
+    # The published states round to STATE_DTYPE; fp16 inputs (fp32 ones demand fp32 states).
+    cfg = {"IMPL": "fused", "CARRY": "lookback", "STATE_DTYPE": state}
+    _run(SMALL, "fp16", cfg, device, seed=9)
+
+
+@pytest.mark.slow
+def test_carry_benchmark_runs_every_carry(tmp_path, device):
+    # benchmarks/ssd_bench.py --carries at an interpreter-sized shape: every carry is timed
+    # and checked, and the target lines are written.
+    if device != "cpu":
+        pytest.skip("the GPU run is the benchmark itself")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, str(root / "benchmarks/ssd_bench.py"), "--carries", "--device",
+           "cpu", "--sweep-L", "48", "--shape", "2,16,16", "--dtypes", "fp32",
+           "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=600)
+    out = json.loads((tmp_path / "ssd_carries.json").read_text())
+    timed = {r["impl"] for r in out["rows"] if r["ms"] and r["passed"] and r["err"] < 1e-4}
+    for carry in ("lookback", "chained"):
+        assert f"fused {carry} c64 w4 fp32" in timed
+    assert "fused sequential (default)" in timed and "five (default)" in timed
+    assert out["targets"] and out["targets"][0].startswith("target fp32: fused ")
 
 
 @pytest.mark.slow
@@ -155,6 +260,16 @@ def test_check_config_prunes():
     assert KERNEL.check_config({"IMPL": "five", "BLOCK_M": 128}, shape, CPU)  # > CHUNK 64
     assert "unused" in KERNEL.check_config({"IMPL": "fused", "BLOCK_M": 32}, shape, CPU)
     assert "unused" in KERNEL.check_config({"IMPL": "five", "PREFETCH_C": 1}, shape, CPU)
+    # CARRY: a fused choice; BLOCK_P and PREFETCH_C tune the sequential carry only.
+    assert "unknown CARRY" in KERNEL.check_config({"CARRY": "parallel"}, shape, CPU)
+    assert "unused" in KERNEL.check_config({"IMPL": "five", "CARRY": "lookback"}, shape, CPU)
+    for carry in ("lookback", "chained"):
+        assert KERNEL.check_config({"CARRY": carry}, shape, CPU) is None
+        assert KERNEL.check_config({"CARRY": carry}, big, H100) is None
+        for key, v in (("BLOCK_P", 32), ("PREFETCH_C", 1)):
+            why = KERNEL.check_config({"CARRY": carry, key: v}, shape, CPU)
+            assert why and "unused" in why and f"CARRY={carry}" in why
+    assert KERNEL.check_config({"CARRY": "sequential", "BLOCK_P": 32}, shape, CPU) is None
     assert KERNEL.check_config({"BLOCK_P": 64}, shape, CPU)  # > p
     assert KERNEL.check_config({"BLOCK_K": 8}, shape, CPU)  # below tl.dot's 16
     assert KERNEL.check_config({"IMPL": "nope"}, shape, CPU)
@@ -207,6 +322,10 @@ GPU_CONFIGS = [
     {"IMPL": "fused", "CHUNK_SIZE": 128, "BLOCK_P": 64, "num_warps": 8, "PREFETCH_C": 1},
     {"IMPL": "fused", "CHUNK_SIZE": 64, "BLOCK_P": 32, "STATE_DTYPE": "bf16", "PREFETCH_C": 1},
     {"IMPL": "fused", "CHUNK_SIZE": 64, "BLOCK_P": 16, "STATE_DTYPE": "fp16", "num_stages": 3},
+    {"IMPL": "fused", "CARRY": "lookback"},
+    {"IMPL": "fused", "CARRY": "lookback", "CHUNK_SIZE": 128, "num_warps": 8,
+     "STATE_DTYPE": "fp16"},
+    {"IMPL": "fused", "CARRY": "chained", "num_warps": 8, "STATE_DTYPE": "bf16"},
     {"IMPL": "five"},
     {"IMPL": "five", "CHUNK_SIZE": 128, "BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64,
      "STATE_DTYPE": "fp16", "num_stages": 3},
@@ -226,3 +345,43 @@ def test_gpu_4k_bf16(config, device):
 @pytest.mark.parametrize("impl", ["fused", "five"])
 def test_gpu_4k_dtypes(impl, dtype, device):
     _run(KERNEL.shapes["mamba2-2.7b-4k"], dtype, {"IMPL": impl}, device, seed=12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("carry", ["lookback", "chained"])
+def test_gpu_4k_fp32_carries(carry, device):
+    _run(KERNEL.shapes["mamba2-2.7b-4k"], "fp32", {"CARRY": carry}, device, seed=12)
+
+
+# -- GPU: the look-back at 16K in fp32, and under repetition ------------------------------
+
+LOOKBACK_16K = [
+    {"CARRY": carry, "CHUNK_SIZE": chunk, "num_warps": warps}
+    for carry in ("lookback", "chained") for chunk, warps in ((64, 4), (64, 8), (128, 8))
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", LOOKBACK_16K, ids=lambda c: "-".join(map(str, c.values())))
+def test_gpu_16k_fp32_lookback(config, device):
+    out, ref = _run(KERNEL.shapes["mamba2-2.7b-16k"], "fp32", config, device, seed=13)
+    assert (out - ref).abs().max() <= 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("carry", ["lookback", "chained"])
+def test_gpu_lookback_repeats_on_a_poisoned_workspace(carry, device):
+    # The workspace and output are NaN before every call: a state read before it was
+    # published, or a flag seen before its state, shows as NaN or a wrong output.
+    shape = KERNEL.shapes["mamba2-2.7b-4k"]
+    inputs = KERNEL.make_inputs(shape, "fp32", 14, device)
+    ref = KERNEL.reference(inputs, shape)
+    fn = KERNEL.launcher(inputs, shape, {"CARRY": carry})
+    launch = fn.stages["lookback"]
+    for _ in range(30):
+        for t in (launch.states, launch.totals, launch.y):
+            t.fill_(float("nan"))
+        out = fn()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
+        assert (out - ref).abs().max() <= 1e-4
