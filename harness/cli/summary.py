@@ -123,7 +123,8 @@ def print_campaign(out: Console, campaign: Any, quiet: bool) -> None:
     only)."""
     for entry in campaign.experiments:
         if not quiet:
-            out.rule(f"{entry.name} ({entry.config})", align="left", style="bold")
+            out.print(f"experiment {entry.name}: {entry.config}", style="bold", markup=False,
+                      highlight=False, soft_wrap=True)
         if entry.skipped:
             out.print(f"not run: none of its hardware ({', '.join(entry.summary.missing_hardware)})"
                       " was available", markup=False, highlight=False)
@@ -136,7 +137,7 @@ def print_campaign(out: Console, campaign: Any, quiet: bool) -> None:
     if quiet:
         return
     fleet = campaign.fleet
-    out.rule("campaign", align="left", style="bold")
+    out.print("the campaign's fleet:", style="bold")
     _fleet(out, fleet)
     skipped = sum(e.skipped for e in campaign.experiments)
     packs = sum(len(e.summary.packs) for e in campaign.experiments)

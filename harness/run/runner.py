@@ -127,7 +127,7 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
     if error is not None:
         if where == "local":  # started for this run only
             ray.shutdown()
-        for m in members:
+        for m in reversed(members):  # the last lock's folders first: runs/ may be shared
             m.lock.release(undo=True)
         raise error
     summary.mark("ray_connected")
