@@ -207,6 +207,24 @@ def test_one_fleet_takes_the_most_any_file_allows():
     assert own_timing(a, fleet_timing) == {} and own_timing(b, fleet_timing) == {"rep_ms": 100}
 
 
+def test_two_experiments_tuning_one_pack_entry_are_named():
+    from harness.run.members import Member, overlaps
+    from harness.run.results import Summary
+
+    def member(name: str, **fields: Any) -> Member:
+        exp = experiment.Experiment.model_validate(_exp(name, **fields))
+        m = Member(f"{name}.yaml", exp, False, Summary(), None)  # type: ignore[arg-type]
+        m.planned = experiment.plan(exp, ["cpu"])
+        return m
+
+    shared = {"packs_dir": "packs", "runs_dir": "runs"}
+    a, b = member("a", output=shared), member("b", output=shared)
+    (line,) = overlaps([a, b, member("c", shapes=[{"N": 512}], output=shared),
+                        member("d")])  # another shape; another packs folder
+    assert line.startswith("experiments a and b both tune") and "N=256 fp32 on cpu" in line
+    assert "b's winner, frozen last" in line
+
+
 def test_a_study_s_tasks_carry_its_experiment_s_budgets():
     from harness.measure.hardware import spec_for_key
     from harness.run import schedule

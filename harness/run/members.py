@@ -98,6 +98,24 @@ def own_timing(exp: experiment.Experiment, fleet_timing: Mapping[str, float]) ->
     return {k: v for k, v in mine.items() if fleet_timing.get(k) != v}
 
 
+def overlaps(members: Sequence[Member]) -> list[str]:
+    """Studies of different experiments that freeze into the same pack entry (packs
+    folder, kernel, shape, dtype, hardware): the one frozen last is what the pack keeps,
+    and neither saw the other's winner as its incumbent. In words, one line each."""
+    first: dict[tuple, str] = {}
+    out = []
+    for m in members:
+        packs = Path(m.exp.output.packs_dir).resolve()
+        for spec in m.planned:
+            key = (packs, spec.kernel, spec.shape_key, spec.dtype, spec.hardware)
+            other = first.setdefault(key, m.name)
+            if other != m.name:
+                out.append(f"experiments {other} and {m.name} both tune {spec.kernel} "
+                           f"{spec.shape_key} {spec.dtype} on {spec.hardware} into {packs}: "
+                           f"{m.name}'s winner, frozen last, is the one the pack keeps")
+    return out
+
+
 def device_from_info(info: dict[str, Any]) -> DeviceSpec:
     """The study's device: what the worker sees, or, for a worker that runs the
     interpreter on a node standing in for a GPU type (a simulated cluster), that type's

@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 from rich.console import Console
+from rich.markup import escape
 
 from harness import experiment
 from harness.fleet import Fleet, NoHardwareError
@@ -242,6 +243,8 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     targets, available = _targets(members, fs, fleet, console)
     for m in members:
         m.planned = experiment.plan(m.exp, m.targets)
+    for line in mem.overlaps(members):
+        console.print(f"[yellow]{escape(line)}[/]")
     by_name = {m.name: m for m in members}
     # Each key's first study and the configs it is known to measure: prepared and
     # compiled while the workers start.
