@@ -20,17 +20,18 @@ from typing import Any
 from rich.console import Console
 
 from harness import experiment
-from harness.fleet import Fleet
+from harness.fleet import Fleet, Task
 from harness.kernel import api as kernel_api
 from harness.kernel.api import DeviceSpec
 from harness.measure.hardware import spec_for_key
+from harness.measure.timing import TrialResult
 from harness.run import schedule
 from harness.run.results import Summary, fleet_metrics
 from harness.search import Search, spaces, warmstart
 from harness.search.write_behind import WriteBehindStorage
 from harness.tracking import run_logging
 from harness.tracking.redact import redact
-from harness.tracking.run_logging import Logs
+from harness.tracking.run_logging import Logs, trial_record
 from harness.tracking.tracker import Tracker, git_sha
 
 #: A campaign's experiment names as one tag of each parent run, cut to MLflow's limit.
@@ -216,6 +217,41 @@ def report_resume(m: Member, console: Console) -> None:
             console.print(f"resume {st.spec.name}: {search.measured} trials kept, "
                           f"{len(search.interrupted)} interrupted configs queued again, "
                           f"{relogged} trial runs logged to MLflow")
+
+
+def record(task: Task, result: TrialResult, m: Member) -> None:
+    """A search task's result: told to its study (Optuna first: it is what --resume
+    trusts), then held for the experiment's MLflow logger until Optuna has stored it."""
+    kind, st, trial, config = task.tag
+    key = (st.search.study.study_name, trial.number)
+    if kind == "cheap":
+        if not st.search.cheap(trial, config, result):
+            st.full.append((trial, config))  # may win: measured in full next
+            return
+        if result.ok:  # cut by the pruner after its cheap pass
+            st.in_flight -= 1
+            m.logs.hold(key, m.trial_log, trial_record(st, trial.number, dict(config),
+                                                       result.to_dict(), "cut"))
+            return
+    else:
+        st.search.tell(trial, config, result)
+    st.in_flight -= 1
+    if result.ok:
+        st.best_ms = min(st.best_ms, result.latency_ms)
+    else:
+        st.failures += 1
+    m.logs.hold(key, m.trial_log, trial_record(st, trial.number, dict(config),
+                                               result.to_dict(),
+                                               "measured" if result.ok else "failed"))
+
+
+def log_baselines(st: schedule.StudyState, m: Member) -> None:
+    """The study's baselines, as its final phase timed them, into its MLflow run."""
+    for name in st.baselines:
+        res = getattr(st, "compiled" if name == "compile" else name) or {}
+        ok = res.get("ok", True)
+        m.logs.log(st.run_id, metrics={f"{name}_latency_ms": res.get("latency_ms")},
+                   params={f"{name}_status": "ok" if ok else str(res.get("reason"))[:400]})
 
 
 def plots(m: Member, st: schedule.StudyState) -> None:

@@ -307,9 +307,8 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
 
     sched = schedule.Scheduler(
         [m.exp for m in active], fleet, studies,
-        lambda t, r: schedule.record(t, r, owner(t.tag[1]).logs, owner(t.tag[1]).trial_log),
-        tick, lambda st: mem.plots(owner(st), st),
-        lambda st: schedule.log_baselines(st, owner(st).logs))
+        lambda t, r: mem.record(t, r, owner(t.tag[1])), tick,
+        lambda st: mem.plots(owner(st), st), lambda st: mem.log_baselines(st, owner(st)))
     try:
         sched.run(console, progress)
     except BaseException:

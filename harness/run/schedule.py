@@ -30,7 +30,6 @@ from harness.measure.hardware import spec_for_key
 from harness.measure.timing import TrialResult
 from harness.run import remeasure
 from harness.search import Search, grid_order, spaces, warmstart
-from harness.tracking.run_logging import Logs, trial_record
 
 #: The most configs a new worker is given to compile while it starts (``known_configs``):
 #: the first of a larger grid, in the order they will be asked for. Well under what the
@@ -286,15 +285,6 @@ def finish_baselines(st: StudyState) -> dict[str, dict[str, Any]]:
     return out
 
 
-def log_baselines(st: StudyState, logs: Logs) -> None:
-    """The study's baselines, as its final phase timed them, into its MLflow run."""
-    for name in st.baselines:
-        res = getattr(st, "compiled" if name == "compile" else name) or {}
-        ok = res.get("ok", True)
-        logs.log(st.run_id, metrics={f"{name}_latency_ms": res.get("latency_ms")},
-                 params={f"{name}_status": "ok" if ok else str(res.get("reason"))[:400]})
-
-
 def decide(studies: list[StudyState]) -> None:
     """Each re-measured study's winner: its fastest finalist, ties broken by robustness
     across the neighbouring studies of the same experiment, kernel, dtype and hardware
@@ -315,33 +305,6 @@ def decide(studies: list[StudyState]) -> None:
             st.final = (chosen[0].config, chosen[1])
 
 
-def record(task: Task, result: TrialResult, logs: Logs, trial_log: Path) -> None:
-    """A search task's result: told to its study (Optuna first: it is what --resume
-    trusts), sent to the MLflow logger."""
-    kind, st, trial, config = task.tag
-    if kind == "cheap":
-        if not st.search.cheap(trial, config, result):
-            st.full.append((trial, config))  # may win: measured in full next
-            return
-        if result.ok:  # cut by the pruner after its cheap pass
-            st.in_flight -= 1
-            logs.hold((st.search.study.study_name, trial.number), trial_log,
-                      trial_record(st, trial.number, dict(config),
-                                                result.to_dict(), "cut"))
-            return
-    else:
-        st.search.tell(trial, config, result)  # Optuna first: it is what --resume trusts
-    st.in_flight -= 1
-    status = "measured" if result.ok else "failed"
-    if result.ok:
-        st.best_ms = min(st.best_ms, result.latency_ms)
-    else:
-        st.failures += 1
-    logs.hold((st.search.study.study_name, trial.number), trial_log,
-              trial_record(st, trial.number, dict(config), result.to_dict(),
-                                        status))
-
-
 class Scheduler:
     """Hands each worker its next tasks and takes the results back (``run``)."""
 
@@ -352,7 +315,7 @@ class Scheduler:
                  on_search_done: Callable[[StudyState], None] = lambda st: None,
                  on_done: Callable[[StudyState], None] = lambda st: None) -> None:
         """``experiments``: the studies' experiments (several: a campaign, one fleet);
-        ``on_result``: a search task's result (``record``); ``on_tick``: called once
+        ``on_result``: a search task's result (``members.record``); ``on_tick``: called once
         per turn of the loop (the storage's and the logger's bookkeeping);
         ``on_search_done``: a study's search has ended (its plots can be drawn);
         ``on_done``: its final phase has ended (its baselines are known)."""
