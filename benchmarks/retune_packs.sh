@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# Re-tunes every shipped pack on this machine's GPU with the current code, then installs the
+# Re-tunes every shipped pack on this machine's GPUs with the current code, then installs the
 # new packs as the shipped ones (harness/packs/shipped/<GPU>/) and re-renders the bench.
 #
-# Usage (repository root, one GPU visible):
+# Usage (repository root, the GPUs of one type visible):
 #   OUT=<folder> bash benchmarks/retune_packs.sh            # every pack experiment
 #   OUT=<folder> bash benchmarks/retune_packs.sh configs/zoo/silu.yaml ...   # some of them
+#   OUT=<folder> bash benchmarks/retune_packs.sh --serial [...]   # one run per experiment
+#
+# The experiments run as ONE campaign (`kharness run A.yaml B.yaml ...`): one Ray, one set
+# of GPU workers and one compile service per node for all their studies, spread over every
+# GPU. `--serial` runs them one `kharness run` after another instead, as this script did
+# before campaigns (the comparison of the two is timed in summary.txt).
 #
 # Each experiment runs with `--fresh` into a scratch packs folder seeded with the shipped
 # packs, so that the shipped winner is re-measured beside the search's finalists and a
-# config is replaced only by one measured faster in the same run. Writes into $OUT: one
-# `<experiment>.json` (the run's `--json` summary) and `.log` per experiment, the new
-# packs under `packs/<GPU>/`, and `device.txt`. Exit status: the number of failed runs.
+# config is replaced only by one measured faster in the same run. Writes into $OUT: the
+# campaign's `campaign.json` (its `--json` summary) and `campaign.log`, or with --serial
+# one `<experiment>.json` and `.log` per experiment; `summary.txt` (exit codes, wall
+# seconds), the new packs under `packs/<GPU>/`, and `device.txt`. Exit status: the
+# campaign's exit code, or with --serial the number of failed runs.
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/retune}"
 PY="${PYTHON:-python3}"
 WORK="$(mktemp -d /tmp/retune-XXXX)"
 mkdir -p "$OUT"
+
+SERIAL=0
+if [ "${1:-}" = "--serial" ]; then
+  SERIAL=1
+  shift
+fi
 
 if [ "$#" -gt 0 ]; then
   EXPERIMENTS=("$@")
@@ -32,6 +46,10 @@ else
                configs/grouped_gemm_small_m.yaml configs/grouped_gemm_moe.yaml
                configs/zoo/mamba2_ssd.yaml)
 fi
+PATHS=()
+for exp in "${EXPERIMENTS[@]}"; do
+  case "$exp" in /*) PATHS+=("$exp") ;; *) PATHS+=("$ROOT/$exp") ;; esac
+done
 
 { date -u +"%Y-%m-%d %H:%M:%S UTC"; nvidia-smi -L 2>/dev/null; "$PY" -c "import triton, torch;\
 print('triton', triton.__version__, 'torch', torch.__version__)"; \
@@ -42,21 +60,34 @@ GPU="$("$PY" -c "from harness.measure.hardware import current_device; print(curr
 mkdir -p "$WORK/packs"
 cp -r "$ROOT/harness/packs/shipped/$GPU" "$WORK/packs/" 2>/dev/null || mkdir -p "$WORK/packs/$GPU"
 
-failed=0
-for exp in "${EXPERIMENTS[@]}"; do
-  name="$(basename "$exp" .yaml)"
-  t0=$(date +%s)
-  (cd "$WORK" && "$PY" -m harness run "$ROOT/$exp" --fresh --json \
-     --set "output.packs_dir=$WORK/packs" --set "output.runs_dir=$WORK/runs" \
-     --set "tracking.uri=sqlite:///$WORK/mlflow.db" > "$OUT/$name.json" 2> "$OUT/$name.log")
-  rc=$?
-  echo "$exp: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
-  [ "$rc" -eq 0 ] || failed=$((failed + 1))
-done
+SETS=(--set "output.packs_dir=$WORK/packs" --set "output.runs_dir=$WORK/runs"
+      --set "tracking.uri=sqlite:///$WORK/mlflow.db")
+t_all=$(date +%s)
+if [ "$SERIAL" -eq 1 ]; then
+  failed=0
+  for exp in "${PATHS[@]}"; do
+    name="$(basename "$exp" .yaml)"
+    t0=$(date +%s)
+    (cd "$WORK" && "$PY" -m harness run "$exp" --fresh --json "${SETS[@]}" \
+       > "$OUT/$name.json" 2> "$OUT/$name.log")
+    rc=$?
+    echo "$exp: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || failed=$((failed + 1))
+  done
+  status=$failed
+  mode="serial, ${#PATHS[@]} runs"
+else
+  (cd "$WORK" && "$PY" -m harness run "${PATHS[@]}" --fresh --json "${SETS[@]}" \
+     > "$OUT/campaign.json" 2> "$OUT/campaign.log")
+  status=$?
+  mode="one campaign"
+fi
+echo "retune ($mode): ${#PATHS[@]} experiments, exit $status, $(( $(date +%s) - t_all )) s" \
+  | tee -a "$OUT/summary.txt"
 
 mkdir -p "$OUT/packs"
 cp -r "$WORK/packs/$GPU" "$OUT/packs/"
 echo "new packs: $OUT/packs/$GPU; install them with"
 echo "  cp $OUT/packs/$GPU/*.json harness/packs/shipped/$GPU/ && kharness bench --out benchmarks/results" \
      "&& python benchmarks/render_readme.py"
-exit "$failed"
+exit "$status"

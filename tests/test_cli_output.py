@@ -174,16 +174,16 @@ def test_baselines_come_after_the_search_in_its_final_rounds(tmp_path):
     from harness.measure.hardware import spec_for_key
     from harness.measure.timing import TrialResult
     from harness.run import freeze, schedule
-    from harness.run import runner as run
+    from harness.run import members as run
 
     exp = experiment.Experiment(name="x", kernel="matmul",
                                 shapes=[{"M": 256, "N": 256, "K": 256}],
                                 search={"remeasure_rounds": 2})
     gpu = spec_for_key("H100")
-    assert run._want_compile(exp, gpu) is True
-    assert run._want_compile(exp, dataclasses.replace(gpu, interpreted=True)) is False
+    assert run.want_compile(exp, gpu) is True
+    assert run.want_compile(exp, dataclasses.replace(gpu, interpreted=True)) is False
     off = exp.model_copy(update={"baselines": experiment.BaselineSettings(compile=False)})
-    assert run._want_compile(off, gpu) is False
+    assert run.want_compile(off, gpu) is False
     spec = experiment.plan(exp, ["H100"])[0]
     attrs: dict = {}
     top = [({"BLOCK_M": 64}, {"latency_ms": 1.0}),

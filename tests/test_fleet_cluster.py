@@ -4,7 +4,7 @@ Nodes advertise fake GPUs and ``accelerator_type`` resources (H100 x2, H200, A10
 V710); the workers find no real GPU and run the kernels under Triton's interpreter. The
 tests check where every trial ran, that each hardware key samples its vendor's space and
 freezes its own pack, each fault of the issue's table, a node killed mid-trial, waiting
-for an autoscaler, and compiling ahead.
+for an autoscaler, compiling ahead, and a campaign's experiments sharing the GPUs.
 """
 
 from __future__ import annotations
@@ -591,3 +591,42 @@ def test_a_study_remeasures_while_another_still_searches(cl, events, tmp_path: P
     assert first["done"] <= second["done"]
     assert all(r["remeasure_rounds"] == 2 and r["params"]["SLEEP_MS"] == 0
                for r in summary.rows), summary.rows
+
+
+def test_a_campaign_spreads_its_experiments_over_the_gpus_of_their_key(cl, events,
+                                                                       tmp_path: Path) -> None:
+    """Two experiments as one campaign on the two H100s: one worker per GPU serves both
+    (not a fleet per experiment), their studies search at the same time, each on its
+    own GPU, and each experiment freezes its own pack and keeps its own run folder."""
+    from harness.run.campaign import run_campaign
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    space = {"A": [100, 101, 102], "B": [150, 151, 152]}
+    paths = []
+    for name in ("A", "B"):
+        path = _experiment(tmp_path / name.lower(), name=f"camp{name}", hardware=["H100"],
+                           search={"sampler": "grid", "trials": 3, "warm_start": False},
+                           search_space={"params": {"FAULT": ["none"],
+                                                    "SLEEP_MS": space[name]}},
+                           output={"packs_dir": str(tmp_path / f"packs{name}"),
+                                   "runs_dir": str(tmp_path / "runs")},
+                           tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+        paths.append(path)
+    result = run_campaign(paths, console=Console(file=io.StringIO(), width=300),
+                          progress=False)
+    workers = result.fleet.fleet["workers"]
+    assert [w["hardware"] for w in workers] == ["H100", "H100"], workers
+    launches = {name: [e for e in read_events(events) if e["event"] == "launch"
+                       and e["config"].get("SLEEP_MS") in space[name]] for name in space}
+    # Each experiment's study on its own GPU, at the same time as the other's.
+    nodes = {name: {e["node"] for e in launches[name]} for name in space}
+    assert len(nodes["A"] | nodes["B"]) == 2 and nodes["A"] != nodes["B"], nodes
+    spans = {name: (min(e["t"] for e in ls), max(e["t"] for e in ls))
+             for name, ls in launches.items()}
+    assert spans["A"][0] < spans["B"][1] and spans["B"][0] < spans["A"][1], spans
+    for entry, name in zip(result.experiments, space, strict=True):
+        assert entry.name == f"camp{name}" and entry.summary.rows[0]["counts"]["measured"] == 3
+        (pack,) = entry.summary.packs
+        assert Path(pack).is_relative_to(tmp_path / f"packs{name}")
+        assert (tmp_path / "runs" / f"camp{name}" / "optuna.db").is_file()

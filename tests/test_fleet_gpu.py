@@ -1,6 +1,6 @@
 """The fleet on a real GPU (run on the device; skipped elsewhere): a real illegal memory
 access poisons the CUDA context, the worker is replaced and the study goes on; a real
-compile error; and compiling ahead in child processes."""
+compile error; compiling ahead in child processes; and a campaign of two experiments."""
 
 from __future__ import annotations
 
@@ -111,6 +111,31 @@ def test_every_fault_through_the_harness(local_ray, tmp_path: Path) -> None:
     assert "NaN/Inf" in final["nan"]["reason"]
     assert summary.replaced == 2
     assert row["config"]["FAULT"] == "none"
+
+
+def test_a_campaign_of_two_zoo_experiments_on_the_gpu(local_ray, tmp_path: Path) -> None:
+    """Two shipped experiments as one campaign on the GPU: one fleet, their Optuna
+    writers and MLflow loggers in processes of their own (several at once), each
+    experiment's own pack, run folder and MLflow parent run."""
+    from harness.run.campaign import run_campaign
+
+    paths = [ROOT / "configs" / "zoo" / "silu.yaml", ROOT / "configs" / "zoo" / "rmsnorm.yaml"]
+    overrides = ["search.trials=6", "search.timeout_s=60",
+                 f"output.packs_dir={tmp_path / 'packs'}", f"output.runs_dir={tmp_path / 'runs'}",
+                 f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    result = run_campaign(paths, console=Console(file=io.StringIO()), progress=False,
+                          overrides=overrides)
+    assert not result.fleet.interpreted and len(result.experiments) == 2
+    hw = {w["hardware"] for w in result.fleet.fleet["workers"]}
+    assert len(result.fleet.fleet["workers"]) == torch.cuda.device_count() and len(hw) == 1
+    ids = set()
+    for entry in result.experiments:
+        s = entry.summary
+        assert not entry.skipped and s.rows and all(r["counts"]["measured"] > 0 for r in s.rows)
+        assert len(s.packs) == 1 and Path(s.packs[0]).is_file()
+        assert (tmp_path / "runs" / entry.name / "optuna.db").is_file()
+        ids.add(s.parent_run_id)
+    assert len(ids) == 2
 
 
 def test_compile_ahead_makes_first_launches_cheap(local_ray, tmp_path: Path) -> None:

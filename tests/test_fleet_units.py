@@ -23,7 +23,8 @@ from harness.fleet import compile as fleet
 from harness.fleet.compile import Precompiler
 from harness.measure.hardware import spec_for_key
 from harness.measure.timing import Timing, TrialResult
-from harness.run.runner import _device_from_info, _missing_message
+from harness.run.members import device_from_info as _device_from_info
+from harness.run.runner import _missing_message
 from harness.search import Search, make_storage, storage_url
 from tests.fault_kernels import read_events
 

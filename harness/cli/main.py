@@ -89,19 +89,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="WARNING",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="tune an experiment and freeze its packs")
-    r.add_argument("experiment", help="experiment YAML file")
+    r = sub.add_parser("run", help="tune experiments and freeze their packs",
+                       description="Tune the experiments of the files given and freeze their "
+                       "packs. Several files (or a folder: every *.yaml in it) run as one "
+                       "campaign: one Ray and one set of GPU workers for all their studies, "
+                       "each experiment keeping its own packs, MLflow experiment, "
+                       "runs/<name>/ and summary.")
+    r.add_argument("experiments", nargs="+", metavar="EXPERIMENT",
+                   help="experiment YAML file, or a folder of them")
     again = r.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
-                       help="continue the experiment's studies and MLflow runs where they "
+                       help="continue each experiment's studies and MLflow runs where they "
                        "stopped")
     again.add_argument("--fresh", action="store_true",
-                       help="start over where the experiment has an earlier run: its studies "
+                       help="start over where an experiment has an earlier run: its studies "
                        "in runs/<name>/ are replaced (its MLflow runs stay)")
     r.add_argument("--quiet", action="store_true", help="no progress or table; pack paths only")
     r.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a field of the file, e.g. --set search.trials=50 "
+                   help="override a field of every file, e.g. --set search.trials=50 "
                         "(repeatable; values are YAML)")
     r.set_defaults(func=cmd_run)
     b = sub.add_parser("bench", help="every zoo kernel vs its baselines on this GPU")

@@ -1,5 +1,6 @@
-"""``kharness run``: validate the experiment file, refuse to overwrite an earlier run
-unless told how (``--resume`` or ``--fresh``), run it, print the summary."""
+"""``kharness run``: validate the experiment files, refuse to overwrite an earlier run
+unless told how (``--resume`` or ``--fresh``), run them (several: one campaign on one
+fleet, ``harness.run.campaign``), print the summary."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import contextlib
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from harness.cli.summary import WIDTH, print_summary
+from harness.cli.summary import WIDTH, print_campaign, print_summary
 from harness.tracking import jsonsafe
 from harness.tracking.redact import redact
 
@@ -53,35 +55,50 @@ def replaced_by_fresh(run_dir: Path) -> str:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from harness.experiment import ExperimentError, load
+    from harness.experiment import ExperimentError, expand, is_campaign, load, load_all
 
+    campaign = is_campaign(args.experiments)
     try:
-        # The file's form here (milliseconds); the checks that import the kernel family
+        # The files' form here (milliseconds); the checks that import the kernel family
         # (seconds: torch) run while Ray starts (``run``), which a failing one stops:
         # a bad file still leaves nothing behind, and a good one does not wait for them.
-        exp = load(args.experiment, args.set or (), semantics=False)
+        if campaign:
+            items = load_all(expand(args.experiments), args.set or (), surroundings=False)
+        else:
+            path = args.experiments[0]
+            items = [(path, load(path, args.set or (), semantics=False))]
     except ExperimentError as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return EXIT_BAD_INPUT
-    before = earlier_run(exp.output.runs_dir, exp.name)
-    if before is not None and not (args.resume or args.fresh):
-        console.print("[bold red]error:[/] " + escape(
-            f"experiment {exp.name!r} has an earlier run in {before}/. Pass --resume to "
-            "continue it, or --fresh to start over (replacing its studies)."),
-            highlight=False)
+    earlier = [(exp.name, before) for _, exp in items
+               if (before := earlier_run(exp.output.runs_dir, exp.name)) is not None]
+    if earlier and not (args.resume or args.fresh):
+        for name, before in earlier:
+            console.print("[bold red]error:[/] " + escape(
+                f"experiment {name!r} has an earlier run in {before}/. Pass --resume to "
+                "continue it, or --fresh to start over (replacing its studies)."),
+                highlight=False)
         return EXIT_BAD_INPUT
-    if before is not None and args.fresh:
-        console.print(replaced_by_fresh(before), markup=False, highlight=False)
+    if args.fresh:
+        for _, before in earlier:
+            console.print(replaced_by_fresh(before), markup=False, highlight=False)
     _ray_auth_mode()
     import harness
     from harness.fleet import NoHardwareError, RayStartError
-    from harness.run.runner import run
     from harness.tracking.tracker import TrackingError
 
+    kwargs = {"resume": args.resume, "console": console,
+              "progress": not (args.quiet or args.json), "overrides": args.set or (),
+              "started_at": harness.IMPORTED_AT, "stop_own_ray": True}
     try:
-        summary = run(args.experiment, resume=args.resume, console=console,
-                      progress=not (args.quiet or args.json), overrides=args.set or (),
-                      started_at=harness.IMPORTED_AT, stop_own_ray=True)
+        if campaign:
+            from harness.run.campaign import run_campaign
+
+            result = run_campaign(args.experiments, **kwargs)
+        else:
+            from harness.run.runner import run
+
+            summary = run(args.experiments[0], **kwargs)
     except ExperimentError as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return EXIT_BAD_INPUT
@@ -91,31 +108,91 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     except (RayStartError, TrackingError) as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return 1
+    if campaign:
+        return _campaign_done(args, result, console)
+    _redact(summary)
+    if args.json:
+        print(jsonsafe.dumps(summary_json(summary), default=str, indent=1))
+        return _not_tuned(summary.rows, console)
+    print_summary(_stdout(), summary, quiet=args.quiet)
+    return _not_tuned(summary.rows, console)
+
+
+def _campaign_done(args: argparse.Namespace, result: Any, console: Console) -> int:
+    """A campaign's summary (each experiment's, then the fleet's) and its exit code: no
+    hardware where an experiment was skipped for lack of it, else not tuned where a
+    study froze nothing."""
+    for entry in result.experiments:
+        _redact(entry.summary)
+    _redact(result.fleet)
+    if args.json:
+        print(jsonsafe.dumps(campaign_json(result), default=str, indent=1))
+    else:
+        print_campaign(_stdout(), result, quiet=args.quiet)
+    for entry in result.experiments:
+        if entry.skipped:
+            console.print(f"[bold red]not run:[/] experiment {entry.name}: none of its "
+                          f"hardware ({', '.join(entry.summary.missing_hardware)}) was "
+                          "available", highlight=False)
+    rc = _not_tuned([r for e in result.experiments for r in e.summary.rows], console)
+    return EXIT_NO_HARDWARE if any(e.skipped for e in result.experiments) else rc
+
+
+def _redact(summary: Any) -> None:
     summary.tracking_uri = redact(summary.tracking_uri)
     summary.events = [redact(e) for e in summary.events]
-    if args.json:
-        print(jsonsafe.dumps({
-            "rows": summary.rows, "packs": summary.packs,
-            "missing_hardware": summary.missing_hardware,
-            "interpreted": summary.interpreted, "mlflow_parent_run_id": summary.parent_run_id,
-            "tracking_uri": summary.tracking_uri, "wall_s": summary.wall_s,
-            "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
-            "timing_fraction": summary.timing_fraction, "overhead_s": summary.overhead,
-            "timeline_s": summary.timeline, "worker_startup_s": summary.worker_startup,
-            "worker_nice": summary.worker_nice,
-            "mlflow_logger": summary.mlflow_logger,
-            "first_calls": summary.first_calls,
-            "workers_replaced": summary.replaced, "workers_reused": summary.reused,
-            "trials_retried": summary.retried,
-            "events": summary.events,
-            "resumed": summary.resumed,
-        }, default=str, indent=1))
-        return _not_tuned(summary.rows, console)
+
+
+def _stdout() -> Console:
     out = Console()
     if not out.is_terminal:
         out = Console(width=WIDTH)  # logs and pipes: the width the summary is laid out for
-    print_summary(out, summary, quiet=args.quiet)
-    return _not_tuned(summary.rows, console)
+    return out
+
+
+def summary_json(summary: Any) -> dict[str, Any]:
+    """A run's ``--json`` object."""
+    return {
+        "rows": summary.rows, "packs": summary.packs,
+        "missing_hardware": summary.missing_hardware,
+        "interpreted": summary.interpreted, "mlflow_parent_run_id": summary.parent_run_id,
+        "tracking_uri": summary.tracking_uri, "wall_s": summary.wall_s,
+        "gpu_held_s": summary.held_s, "kernel_timing_s": summary.timing_s,
+        "timing_fraction": summary.timing_fraction, "overhead_s": summary.overhead,
+        "timeline_s": summary.timeline, "worker_startup_s": summary.worker_startup,
+        "worker_nice": summary.worker_nice,
+        "mlflow_logger": summary.mlflow_logger,
+        "first_calls": summary.first_calls,
+        "workers_replaced": summary.replaced, "workers_reused": summary.reused,
+        "trials_retried": summary.retried,
+        "events": summary.events,
+        "resumed": summary.resumed,
+    }
+
+
+#: The keys of ``summary_json`` that are the fleet's: a campaign's, once for all.
+FLEET_KEYS = ("interpreted", "wall_s", "gpu_held_s", "kernel_timing_s", "timing_fraction",
+              "overhead_s", "timeline_s", "worker_startup_s", "worker_nice", "first_calls",
+              "workers_replaced", "workers_reused", "trials_retried", "events")
+
+
+def campaign_json(result: Any) -> dict[str, Any]:
+    """A campaign's ``--json`` object: each experiment's summary, then the fleet's
+    figures and the campaign's timeline."""
+    experiments = []
+    for e in result.experiments:
+        s = e.summary
+        experiments.append({
+            "name": e.name, "config": e.config, "skipped": e.skipped, "rows": s.rows,
+            "packs": s.packs, "missing_hardware": s.missing_hardware,
+            "interpreted": s.interpreted, "mlflow_parent_run_id": s.parent_run_id,
+            "tracking_uri": s.tracking_uri, "timeline_s": s.timeline,
+            "studies_s": s.fleet.get("studies", {}), "mlflow_logger": s.mlflow_logger,
+            "events": s.events, "resumed": s.resumed})
+    fleet = summary_json(result.fleet)
+    return {"experiments": experiments, "studies": result.studies,
+            "packs": [p for e in experiments for p in e["packs"]],
+            **{k: fleet[k] for k in FLEET_KEYS}}
 
 
 def _not_tuned(rows: list[dict], console: Console) -> int:

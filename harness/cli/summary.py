@@ -1,4 +1,5 @@
-"""The run's summary on the terminal: one table row per study, then the run's totals.
+"""The run's summary on the terminal: one table row per study, then the run's totals (a
+campaign: each experiment's table, then the totals of the fleet they shared).
 
 It fits 100 columns: a config shows as its difference from the kernel family's default
 config (the whole config is in ``--json`` and in the study's MLflow run), the speed-ups
@@ -109,13 +110,54 @@ def timeline_line(timeline: Mapping[str, float]) -> str:
 
 def print_summary(out: Console, summary: Any, quiet: bool) -> None:
     """The table, the packs written and the run's totals (``--quiet``: the packs only)."""
+    _experiment(out, summary, quiet)
+    if quiet:
+        return
+    _fleet(out, summary)
+    _mlflow(out, summary)
+
+
+def print_campaign(out: Console, campaign: Any, quiet: bool) -> None:
+    """A campaign's summary: each experiment's table, packs and MLflow run, then the
+    fleet's totals, which they shared, and the campaign's line (``--quiet``: the packs
+    only)."""
+    for entry in campaign.experiments:
+        if not quiet:
+            out.print(f"experiment {entry.name}: {entry.config}", style="bold", markup=False,
+                      highlight=False, soft_wrap=True)
+        if entry.skipped:
+            out.print(f"not run: none of its hardware ({', '.join(entry.summary.missing_hardware)})"
+                      " was available", markup=False, highlight=False)
+            continue
+        _experiment(out, entry.summary, quiet)
+        if not quiet:
+            for event in entry.summary.events:
+                out.print(event, markup=False)
+            _mlflow(out, entry.summary)
+    if quiet:
+        return
+    fleet = campaign.fleet
+    out.print("the campaign's fleet:", style="bold")
+    _fleet(out, fleet)
+    skipped = sum(e.skipped for e in campaign.experiments)
+    packs = sum(len(e.summary.packs) for e in campaign.experiments)
+    out.print(f"campaign: {len(campaign.experiments)} experiments"
+              + (f" ({skipped} not run)" if skipped else "")
+              + f", {campaign.studies} studies, {packs} packs, one fleet, "
+              f"wall {fleet.wall_s:.1f} s", markup=False, highlight=False)
+
+
+def _experiment(out: Console, summary: Any, quiet: bool) -> None:
+    """An experiment's table, its configs and the packs it wrote."""
     if not quiet:
         out.print(summary_table(summary.rows, summary.interpreted))
         print_configs(out, summary.rows)
     for p in summary.packs:
         out.print(f"pack: {p}", markup=False, highlight=False, soft_wrap=True)
-    if quiet:
-        return
+
+
+def _fleet(out: Console, summary: Any) -> None:
+    """The fleet's totals: wall and GPU-held time, where it went, the fleet's events."""
     out.print(f"wall {summary.wall_s:.1f} s; GPUs held {summary.held_s:.1f} s, of which "
               f"{summary.timing_s:.1f} s timing kernels "
               f"({fmt(summary.timing_fraction * 100, '.0f', '%')}); "
@@ -134,6 +176,10 @@ def print_summary(out: Console, summary: Any, quiet: bool) -> None:
                   f"compiled in the worker ({fc['ahead_missed']} despite compile-ahead)")
     for event in summary.events:
         out.print(f"fleet: {event}", markup=False)
+
+
+def _mlflow(out: Console, summary: Any) -> None:
+    """Where the experiment's MLflow runs are, and how to see them."""
     out.print(f"MLflow: {summary.tracking_uri} (parent run {summary.parent_run_id})",
               markup=False, soft_wrap=True)
     out.print(f"  see it with: mlflow ui --backend-store-uri {summary.tracking_uri}",

@@ -1,12 +1,13 @@
 """Experiment files: the schema (``schema``), reading them (``load``), the checks of the
 run's surroundings before Ray starts (``preflight``), the checks that need the kernel
-family (``checks``), the plan of studies (``plan``) and the lock that keeps one run of an
-experiment at a time (``lock``).
+family (``checks``), the plan of studies (``plan``), the lock that keeps one run of an
+experiment at a time (``lock``) and the files of a campaign (``campaign``).
 
 Nothing else in the harness reads experiment YAML. A bad file raises ``ExperimentError``
 naming the file and the field, before anything is written.
 """
 
+from harness.experiment.campaign import expand, is_campaign, load_all
 from harness.experiment.checks import check_semantics
 from harness.experiment.load import MAX_BYTES, load
 from harness.experiment.lock import RunLock, lock_run_dir
@@ -29,6 +30,6 @@ from harness.experiment.uris import uri_problem
 __all__ = [
     "MAX_BYTES", "SAMPLERS", "BaselineSettings", "Experiment", "ExperimentError",
     "FleetSettings", "OutputSettings", "RunLock", "SearchSettings", "SearchSpace", "StudySpec",
-    "TimingSettings", "TrackingSettings", "check_semantics", "load", "lock_run_dir", "plan",
-    "preflight", "uri_problem",
+    "TimingSettings", "TrackingSettings", "check_semantics", "expand", "is_campaign", "load",
+    "load_all", "lock_run_dir", "plan", "preflight", "uri_problem",
 ]

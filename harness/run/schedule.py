@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,6 @@ from harness.measure.hardware import spec_for_key
 from harness.measure.timing import TrialResult
 from harness.run import remeasure
 from harness.search import Search, grid_order, spaces, warmstart
-from harness.tracking.run_logging import Logs, trial_record
 
 #: The most configs a new worker is given to compile while it starts (``known_configs``):
 #: the first of a larger grid, in the order they will be asked for. Well under what the
@@ -77,6 +76,9 @@ class StudyState:
     baselines: dict[str, remeasure.Candidate] = field(default_factory=dict)
     #: When its search ended and its re-measurement began and ended (monotonic seconds)
     times: dict[str, float] = field(default_factory=dict)
+    #: Its experiment's do_bench budgets where they differ from the fleet's defaults
+    #: (a campaign's experiments share one fleet), sent with each of its tasks
+    timing: dict[str, float] = field(default_factory=dict)
 
 
 def first_studies(specs: list[experiment.StudySpec]) -> dict[str, experiment.StudySpec]:
@@ -123,9 +125,10 @@ def study_task(st: StudyState, hw: str, searching: bool = True) -> Task | None:
     its final phase (``start_remeasure``), never ahead of a trial. ``searching``: False
     once the run's time is up (configs in their full pass only)."""
     spec = st.spec
+    own = (st.timing,) if st.timing else ()  # its experiment's budgets, not the fleet's
     if st.full:  # configs the pruner let through their cheap pass: now in full
         trial, config = st.full.pop(0)
-        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
+        return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0, *own),
                     ("trial", st, trial, config))
     if not searching:
         return None
@@ -140,19 +143,24 @@ def study_task(st: StudyState, hw: str, searching: bool = True) -> Task | None:
                                     {"rep_ms": settings.cheap_rep_ms,
                                      "warmup_ms": settings.cheap_rep_ms}),
                     ("cheap", st, trial, config))
-    return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0),
+    return Task(hw, "measure", (spec.kernel, spec.shape, spec.dtype, config, 0, *own),
                 ("trial", st, trial, config))
 
 
-def remeasure_tasks(exp: experiment.Experiment, st: Any) -> list[Task]:
+def remeasure_tasks(exp: experiment.Experiment, st: Any,
+                    timing: Mapping[str, float] | None = None) -> list[Task]:
     """The final phase's tasks: ``remeasure_rounds`` interleaved rounds (one where no
     finalist is re-measured: under the interpreter), each timing every finalist of
     ``st.candidates`` and then every baseline of ``st.baselines`` with
     ``remeasure_rep_ms`` (at least the search's budget), tagged with what it times and
     its round. One GPU times them all (one group): interleaving only cancels drifts
-    where they are compared on the same device."""
+    where they are compared on the same device. ``timing``: the experiment's own
+    budgets, where they differ from the fleet's (``StudyState.timing``)."""
     rep = max(exp.search.remeasure_rep_ms, exp.timing.rep_ms)
-    longer = ({"rep_ms": rep},) if rep > exp.timing.rep_ms else ()
+    budgets = dict(timing or {})
+    if rep > exp.timing.rep_ms:
+        budgets["rep_ms"] = rep
+    longer = (budgets,) if budgets else ()
     spec, group = st.spec, f"remeasure {st.spec.name}"
     n_cands = len(st.candidates)
     rounds = exp.search.remeasure_rounds if n_cands else 1
@@ -244,7 +252,7 @@ def start_remeasure(exp: experiment.Experiment, st: StudyState) -> None:
         for name, want in wanted.items() if want}
     if st.search.best() is None:
         st.baselines = {}  # nothing to compare them with: the study tuned nothing
-    st.remeasure_todo = remeasure_tasks(exp, st)
+    st.remeasure_todo = remeasure_tasks(exp, st, st.timing)
     st.remeasure_left = len(st.remeasure_todo)
     st.phase = "remeasure" if st.remeasure_todo else "done"
     if st.phase == "done":
@@ -277,26 +285,18 @@ def finish_baselines(st: StudyState) -> dict[str, dict[str, Any]]:
     return out
 
 
-def log_baselines(st: StudyState, logs: Logs) -> None:
-    """The study's baselines, as its final phase timed them, into its MLflow run."""
-    for name in st.baselines:
-        res = getattr(st, "compiled" if name == "compile" else name) or {}
-        ok = res.get("ok", True)
-        logs.log(st.run_id, metrics={f"{name}_latency_ms": res.get("latency_ms")},
-                 params={f"{name}_status": "ok" if ok else str(res.get("reason"))[:400]})
-
-
 def decide(studies: list[StudyState]) -> None:
     """Each re-measured study's winner: its fastest finalist, ties broken by robustness
-    across the neighbouring studies of the same kernel, dtype and hardware, the pack's
+    across the neighbouring studies of the same experiment, kernel, dtype and hardware
+    (a campaign decides each experiment as a run of it alone would), the pack's
     current winner, and the kernel's default config above all (``remeasure.decide``)."""
     for st in studies:
         if not st.candidates:
             continue
         others = [remeasure.best_estimates(o.search.latencies(), o.candidates)
                   for o in studies if o is not st
-                  and (o.spec.kernel, o.spec.dtype, o.spec.hardware)
-                  == (st.spec.kernel, st.spec.dtype, st.spec.hardware)]
+                  and (o.spec.experiment, o.spec.kernel, o.spec.dtype, o.spec.hardware)
+                  == (st.spec.experiment, st.spec.kernel, st.spec.dtype, st.spec.hardware)]
         chosen = remeasure.decide(st.candidates,
                                   lambda c, n=others: remeasure.robustness(c, n),
                                   incumbent=st.incumbent[0] if st.incumbent else None,
@@ -305,46 +305,22 @@ def decide(studies: list[StudyState]) -> None:
             st.final = (chosen[0].config, chosen[1])
 
 
-def record(task: Task, result: TrialResult, logs: Logs, trial_log: Path) -> None:
-    """A search task's result: told to its study (Optuna first: it is what --resume
-    trusts), sent to the MLflow logger."""
-    kind, st, trial, config = task.tag
-    if kind == "cheap":
-        if not st.search.cheap(trial, config, result):
-            st.full.append((trial, config))  # may win: measured in full next
-            return
-        if result.ok:  # cut by the pruner after its cheap pass
-            st.in_flight -= 1
-            logs.hold((st.search.study.study_name, trial.number), trial_log,
-                      trial_record(st, trial.number, dict(config),
-                                                result.to_dict(), "cut"))
-            return
-    else:
-        st.search.tell(trial, config, result)  # Optuna first: it is what --resume trusts
-    st.in_flight -= 1
-    status = "measured" if result.ok else "failed"
-    if result.ok:
-        st.best_ms = min(st.best_ms, result.latency_ms)
-    else:
-        st.failures += 1
-    logs.hold((st.search.study.study_name, trial.number), trial_log,
-              trial_record(st, trial.number, dict(config), result.to_dict(),
-                                        status))
-
-
 class Scheduler:
     """Hands each worker its next tasks and takes the results back (``run``)."""
 
-    def __init__(self, exp: experiment.Experiment, fleet: Fleet, studies: list[StudyState],
+    def __init__(self, experiments: Sequence[experiment.Experiment], fleet: Fleet,
+                 studies: list[StudyState],
                  on_result: Callable[[Task, TrialResult], None],
                  on_tick: Callable[[], None] = lambda: None,
                  on_search_done: Callable[[StudyState], None] = lambda st: None,
                  on_done: Callable[[StudyState], None] = lambda st: None) -> None:
-        """``on_result``: a search task's result (``record``); ``on_tick``: called once
+        """``experiments``: the studies' experiments (several: a campaign, one fleet);
+        ``on_result``: a search task's result (``members.record``); ``on_tick``: called once
         per turn of the loop (the storage's and the logger's bookkeeping);
         ``on_search_done``: a study's search has ended (its plots can be drawn);
         ``on_done``: its final phase has ended (its baselines are known)."""
-        self.exp, self.fleet, self.studies = exp, fleet, studies
+        self.exps = {e.name: e for e in experiments}
+        self.fleet, self.studies = fleet, studies
         self.on_result, self.on_tick = on_result, on_tick
         self.on_search_done = on_search_done
         self.on_done = on_done
@@ -352,8 +328,9 @@ class Scheduler:
         for st in studies:
             self.by_hw.setdefault(st.spec.hardware, []).append(st)
         self.serving: dict[int, StudyState] = {}  # worker slot -> the study it serves
-        self.deadline = ((time.monotonic() + exp.search.timeout_s) if exp.search.timeout_s
-                         else math.inf)
+        #: Each experiment's search.timeout_s runs from its first task: in a campaign on
+        #: few GPUs, an experiment may wait for others before its studies get one.
+        self.began: dict[str, float] = {}
         #: Driver seconds spent choosing and sending tasks, and handling results
         self.driver_s = {"hand_out": 0.0, "results": 0.0, "tasks": 0}
         #: When the first and last search trials' results came, and the last result
@@ -361,14 +338,20 @@ class Scheduler:
 
 
     # -- choosing ---------------------------------------------------------------------
-    def _searching(self) -> bool:
-        return time.monotonic() <= self.deadline
+    def _exp(self, st: StudyState) -> experiment.Experiment:
+        return self.exps[st.spec.experiment]
+
+    def _searching(self, st: StudyState) -> bool:
+        """Whether the study's experiment is still inside its ``search.timeout_s``."""
+        limit = self._exp(st).search.timeout_s
+        began = self.began.get(st.spec.experiment)
+        return not limit or began is None or time.monotonic() <= began + limit
 
     def _advance(self, st: StudyState) -> None:
         """A study whose search has nothing left and nothing in flight re-measures."""
         if (st.phase == "search" and st.in_flight == 0 and not st.pending and not st.full
-                and (not self._searching() or st.search.done())):
-            start_remeasure(self.exp, st)
+                and (not self._searching(st) or st.search.done())):
+            start_remeasure(self._exp(st), st)
             self.on_search_done(st)
             if st.phase == "done":
                 self._finish(st)
@@ -383,9 +366,11 @@ class Scheduler:
             return st.remeasure_todo.pop(0)
         if st.phase != "search":
             return None
-        task = study_task(st, hw, self._searching())
+        task = study_task(st, hw, self._searching(st))
         if task is None:
             self._advance(st)
+        else:
+            self.began.setdefault(st.spec.experiment, time.monotonic())
         return task
 
     def _next(self, slot: int, hw: str) -> Task | None:
