@@ -130,3 +130,20 @@ def faulty_ray(tmp_path_factory) -> Iterator[Path]:
 def faulty_events(faulty_ray: Path) -> Path:
     (faulty_ray / "events.jsonl").unlink(missing_ok=True)
     return faulty_ray
+
+
+_MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_environment_restored() -> Iterator[None]:
+    """MLflow's variables as they were before each test: ``mlflow.set_tracking_uri`` writes
+    the URI into the environment, and a URI's credentials move there as it is read, so
+    a test's tracking store would otherwise become the next test's default."""
+    before = {k: os.environ.get(k) for k in _MLFLOW_ENV}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
