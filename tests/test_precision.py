@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness.kernel import api as kernel_api
-from harness.measure import bench, roofline_ms
+from harness.measure import bench
+from harness.measure.timing import roofline_ms
 
 ROOT = Path(__file__).resolve().parent.parent
 PEAKS = {"copy_gbps": 4000.0, "bf16_tflops": 800.0, "fp16_tflops": 780.0,
