@@ -289,6 +289,11 @@ def test_a_broken_plugin_is_named_without_a_traceback(installed: Path, tmp_path:
         assert str(path) in err_text and words in err_text, err_text
         assert "Traceback" not in err_text
     assert "'kh_double'" in err_text  # the installed plug-ins are listed
+    assert cli.main(["bench", "--kernel", "kh_broken", "--out", str(tmp_path)]) == \
+        cli.EXIT_BAD_INPUT
+    err_text = capsys.readouterr().err.replace("\n", "")
+    assert "--kernel kh_broken: kernel plug-in 'kh_broken'" in err_text, err_text
+    assert "Traceback" not in err_text and not (tmp_path / "cpu").exists()
 
 
 def _env() -> dict[str, str]:

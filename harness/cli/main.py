@@ -55,8 +55,15 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from harness.kernel import api as kernel_api
     from harness.measure.bench import TUNING_EXPERIMENT, CostSettings, run_bench
 
+    for name in args.kernel or []:
+        try:
+            kernel_api.resolve(name)
+        except (KeyError, ImportError, AttributeError) as exc:  # unknown, or a broken plug-in
+            console.print(f"[bold red]error:[/] --kernel {escape(name)}: {escape(str(exc))}")
+            return EXIT_BAD_INPUT
     command = "kharness bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "kharness bench"
     cost = CostSettings(Path(args.tuning_experiment or TUNING_EXPERIMENT), quick=args.quick,
                         enabled=not args.no_cost)
