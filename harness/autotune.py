@@ -67,12 +67,12 @@ class _AdHoc(kernel_api.Kernel):
         self.exact_dims = tuple(exact)
         self.default_config = dict(default)
 
-    def declared_tunables(self) -> dict[str, kernel_api.Tunable | None]:
+    def declared_tunables(self) -> dict[str, kernel_api.Tunable]:
         """The default config's keys, typed by its values (not limited to them)."""
-        out: dict[str, kernel_api.Tunable | None] = {}
+        out: dict[str, kernel_api.Tunable] = {}
         for k, v in self.default_config.items():
             t = kernel_api.infer_tunable([v])
-            out[k] = t and kernel_api.Tunable(t.type)
+            out[k] = kernel_api.Tunable(type=t.type if t else None)
         return out
 
     def check_tunables(self, config: Mapping[str, Any]) -> str | None:

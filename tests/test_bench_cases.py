@@ -1,5 +1,6 @@
-"""The benchmark's cases: package data (an installed harness finds them), each naming a
-kernel family, one of its seed shapes and one of its dtypes."""
+"""The benchmark's cases: each kernel family declares its own (``Kernel.bench``), each
+naming one of its seed shapes and one of its dtypes; a cases file may still choose
+others."""
 
 from __future__ import annotations
 
@@ -9,18 +10,33 @@ from harness.kernel import api as kernel_api
 from harness.measure import bench
 
 
-def test_the_default_cases_are_package_data_and_valid() -> None:
-    assert bench.CASES_FILE.is_file()
-    assert bench.CASES_FILE.parent == Path(bench.__file__).resolve().parent
+def test_the_default_cases_are_the_families_own_and_valid() -> None:
     cases = bench.load_cases()
     assert cases
+    assert {c.kernel for c in cases} <= set(kernel_api.builtin_names())
     for case in cases:
         fam = kernel_api.get(case.kernel)
         assert case.shape_name in fam.shapes, case
         assert case.dtype in fam.dtypes, case
-    # The max-autotune row is asked for where it compiles in reasonable time only.
+    # The max-autotune row is asked for where it compiles in reasonable time only, and
+    # comes last: a short budget cuts the slowest row first.
     assert any(c.max_autotune for c in cases)
     assert not any(c.max_autotune and not c.compile for c in cases)
+    assert not any(c.max_autotune for c in cases[:-1])
+    # Where torch.compile is left out, the family says why.
+    scan = kernel_api.get("selective_scan").bench
+    assert scan and all(not c.compile and "did not finish compiling" in c.why for c in scan)
     only = bench.load_cases(only=["grouped_gemm"])
     assert {c.kernel for c in only} == {"grouped_gemm"}
-    assert {c.shape_name for c in only} == {"deepseek-v3-16b", "deepseek-v3-16b-m128"}
+    assert [c.shape_name for c in only] == ["deepseek-v3-16b", "deepseek-v3-16b-m128"]
+
+
+def test_a_cases_file_chooses_other_cases(tmp_path: Path) -> None:
+    path = tmp_path / "cases.yaml"
+    path.write_text("cases:\n"
+                    "  - {kernel: matmul, shape: square-4096, dtype: bf16}\n"
+                    "  - {kernel: silu, shape: r8192-c4096, dtype: fp16, compile: false}\n")
+    cases = bench.load_cases(path)
+    assert cases == [bench.Case("matmul", "square-4096", "bf16"),
+                     bench.Case("silu", "r8192-c4096", "fp16", compile=False)]
+    assert bench.load_cases(path, only=["silu"]) == cases[1:]

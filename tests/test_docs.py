@@ -60,3 +60,17 @@ def test_ci_runs_exactly_the_readmes_test_command() -> None:
     assert len(commands) == 2, commands
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert commands[1] in ci, f".ci/run does not run {commands[1]!r}"
+
+
+def test_every_builtin_kernel_has_a_current_tunables_table() -> None:
+    """The tables of tunables in docs/kernels/ are made from the families' declarations
+    (``python -m harness.kernel.docs``); every built-in has one, and none is stale."""
+    from harness.kernel import api, docs
+
+    pages = docs.documented()
+    missing = [n for n in api.builtin_names() if n not in pages]
+    assert not missing, f"no '<!-- tunables: NAME -->' block in docs/kernels/ for {missing}"
+    for page in sorted(docs.PAGES.glob("*.md")):
+        text = page.read_text()
+        assert docs.render(text) == text, f"{page} is stale: run python -m harness.kernel.docs"
+    assert docs.main(["--check"]) == 0

@@ -8,12 +8,11 @@ import torch
 
 from harness.measure.hardware import current_device, spec_for_key
 from harness.measure.timing import compare
-from harness.search import spaces
 from kernels.fused_elementwise import RMSNorm, SiLU, SiLUMul, SoftplusClamp
 
 FAMILIES = [RMSNorm(), SiLU(), SiLUMul(), SoftplusClamp()]
 CPU = spec_for_key("cpu")
-PARAMS = spaces.load_raw("fused_elementwise")["params"]
+PARAMS = SiLU.search_space()["params"]
 ids = lambda k: k.name  # noqa: E731
 
 

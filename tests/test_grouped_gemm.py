@@ -52,7 +52,7 @@ def _check(inputs: dict, shape: dict, config: dict, dtype: str) -> torch.Tensor:
 
 def _space_values() -> list[tuple[str, object]]:
     """(tunable, value) for every value any section of the shipped space offers."""
-    raw = spaces.load_raw("grouped_gemm")
+    raw = GroupedGemm.search_space()
     sections = [raw.get("params") or {}]
     sections += [(v or {}).get("params") or {} for v in (raw.get("vendors") or {}).values()]
     sections += [(h or {}).get("params") or {} for h in (raw.get("hardware") or {}).values()]
@@ -188,7 +188,7 @@ def test_eager_matches_reference() -> None:
 @pytest.mark.slow
 def test_cpu_space_all_configs_valid_and_correct() -> None:
     shape = KERNEL.shapes["test"]
-    space = spaces.resolve([spaces.load_raw("grouped_gemm")], "cpu", "cpu")
+    space = spaces.resolve([GroupedGemm.search_space()], "cpu", "cpu")
     inputs = KERNEL.make_inputs(shape, "fp16", seed=4, device="cpu")
     ref = KERNEL.reference(inputs, shape)
     names = list(space)
@@ -475,7 +475,7 @@ def test_retired_tunables_only_at_their_value(name: str) -> None:
     assert KERNEL.check_config({name: value}, seed, H100) is None
     assert f"{name} is retired" in KERNEL.check_config({name: value + 1}, seed, H100)
     assert name not in KERNEL.default_config
-    assert name not in spaces.resolve([spaces.load_raw("grouped_gemm")], "nvidia", "H200")
+    assert name not in spaces.resolve([GroupedGemm.search_space()], "nvidia", "H200")
 
 
 def test_tma_rejects_unaligned_layout() -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from harness.kernel.api import DeviceSpec
-from kernels._ssd_lookback import LookbackLaunch
 from kernels.mamba2_ssd import _TL_DTYPES, Mamba2SSD, ssd_minimal, ssd_recurrent
+from kernels.mamba2_ssd.lookback import LookbackLaunch
 
 KERNEL = Mamba2SSD()
 CPU = DeviceSpec(key="cpu", vendor="cpu", interpreted=True)

@@ -34,7 +34,7 @@ def _check(shape: dict, config: dict, dtype: str, device: str = "cpu", seed: int
 
 
 def _space_values() -> list[tuple[str, object]]:
-    raw = spaces.load_raw("matmul")
+    raw = Matmul.search_space()
     sections = [raw.get("params") or {}]
     sections += [(v or {}).get("params") or {} for v in (raw.get("vendors") or {}).values()]
     sections += [(h or {}).get("params") or {} for h in (raw.get("hardware") or {}).values()]

@@ -10,12 +10,11 @@ import torch
 
 from harness.measure.hardware import spec_for_key
 from harness.measure.timing import compare
-from harness.search import spaces
 from kernels.minigpt_block import _CHOICES, MiniGPTBlock, sdpa_fp16_block
 
 K = MiniGPTBlock()
 CPU = spec_for_key("cpu")
-PARAMS = spaces.load_raw("minigpt_block")["params"]
+PARAMS = MiniGPTBlock.search_space()["params"]
 TEST = K.shapes["test"]
 # Head dim 48 = 32 + 16: the shape of the split-head flash kernel (FLASH_SPLIT_D=1).
 SPLIT_TEST = {"B": 1, "T": 128, "C": 96, "H": 2}

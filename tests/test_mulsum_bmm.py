@@ -8,13 +8,12 @@ import torch
 
 from harness.measure.hardware import current_device, spec_for_key
 from harness.measure.timing import compare
-from harness.search import spaces
 from kernels.mulsum_bmm import MulSumBmm, MulSumCStates, MulSumStates, MulSumYDiag
 
 FAMILIES = [MulSumBmm(), MulSumYDiag(), MulSumStates(), MulSumCStates()]
 G = FAMILIES[0]
 CPU = spec_for_key("cpu")
-PARAMS = spaces.load_raw("mulsum_bmm")["params"]
+PARAMS = MulSumBmm.search_space()["params"]
 SMALL_TRITON = {"IMPL": "triton", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4,
                 "num_stages": 2, "INPUT_PRECISION": "ieee"}
 IMPL_CONFIGS = [

@@ -88,7 +88,7 @@ def test_every_shipped_space_yields_at_most_two_asks_per_measured_config(capsys)
     """Every kernel family, its shipped space for each hardware key, at its named shapes,
     tuned by TPE, random search and the grid: the asks per measured config (printed)."""
     rows, worst = [], 0.0
-    for kernel in sorted(kernel_api.BUILTIN):
+    for kernel in kernel_api.builtin_names():
         for hw in _space_hardware(kernel):
             for shape_name, shape in _shapes(kernel, hw).items():
                 for sampler in ("tpe", "random", "grid"):

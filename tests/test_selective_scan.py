@@ -9,12 +9,11 @@ import torch
 
 from harness.measure.hardware import current_device, spec_for_key
 from harness.measure.timing import compare
-from harness.search import spaces
 from kernels.selective_scan import SelectiveScan
 
 K = SelectiveScan()
 CPU = spec_for_key("cpu")
-PARAMS = spaces.load_raw("selective_scan")["params"]
+PARAMS = SelectiveScan.search_space()["params"]
 BASE = {"b": 2, "L": 11, "d": 20, "n": 3}  # n = 3: the state axis is masked (BLOCK_N = 4)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "harness", "kernels", "search_spaces")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "harness", "kernels")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -63,12 +63,18 @@ def test_installed_wheel_serves_the_shipped_packs(tmp_path):
          tmp_path, env)
 
     probe = (
-        "import json, harness\n"
+        "import json, harness, kernels\n"
         "from harness import packs\n"
+        "from harness.kernel import api\n"
         f"hit = packs.lookup_entry('grouped_gemm', {dtype!r}, 'H200', **{shape!r})\n"
         "print(json.dumps({'file': harness.__file__, 'source': hit.source,\n"
-        "                  'config': hit.config, 'path': hit.path}))\n")
+        "                  'config': hit.config, 'path': hit.path,\n"
+        "                  'kernels': kernels.__file__, 'names': api.builtin_names(),\n"
+        "                  'space': api.get('matmul').search_space()}))\n")
     out = json.loads(_run([str(py), "-c", probe], tmp_path, env).strip().splitlines()[-1])
     assert Path(out["file"]).is_relative_to(env_dir), out  # the installed copy, not ROOT
     assert out["source"] == "exact" and out["config"] == entry["config"]
     assert Path(out["path"]).is_relative_to(env_dir)
+    # The built-in families are found by name in the installed copy, with their spaces.
+    assert Path(out["kernels"]).is_relative_to(env_dir)
+    assert len(out["names"]) == 13 and out["space"]["params"]["BLOCK_K"] == [32, 64]

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernel.api import Kernel, SingleLaunch
+from harness.kernel.api import Kernel, SingleLaunch, Tunable
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -32,9 +32,11 @@ def softmax_kernel(out_ptr, in_ptr, n_rows, n_cols, in_stride, out_stride,
 class Softmax(SingleLaunch, Kernel):
     name = "softmax"
     dims = ("R", "C")
-    default_config = {"BLOCK_R": 1, "num_warps": 4, "num_stages": 1}
-    space = {"params": {"BLOCK_R": [1, 2, 4, 8], "num_warps": [1, 2, 4, 8, 16],
-                        "num_stages": [1, 2]}}
+    tunables = {
+        "BLOCK_R": Tunable((1, 2, 4, 8), default=1, doc="rows per program"),
+        "num_warps": Tunable((1, 2, 4, 8, 16), default=4),
+        "num_stages": Tunable((1, 2), default=1),
+    }
     shapes = {"test": {"R": 64, "C": 256}}
 
     def make_inputs(self, shape, dtype, seed, device):

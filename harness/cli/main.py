@@ -55,15 +55,22 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from harness.measure.bench import CASES_FILE, TUNING_EXPERIMENT, CostSettings, run_bench
+    from harness.kernel import api as kernel_api
+    from harness.measure.bench import TUNING_EXPERIMENT, CostSettings, run_bench
 
+    for name in args.kernel or []:
+        try:
+            kernel_api.resolve(name)
+        except (KeyError, ImportError, AttributeError) as exc:  # unknown, or a broken plug-in
+            console.print(f"[bold red]error:[/] --kernel {escape(name)}: {escape(str(exc))}")
+            return EXIT_BAD_INPUT
     command = "kharness bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "kharness bench"
     if args.regret or args.sibling:
         return _cmd_regret(args, console, command)
     cost = CostSettings(Path(args.tuning_experiment or TUNING_EXPERIMENT), quick=args.quick,
                         enabled=not args.no_cost)
     report = run_bench(args.out, args.kernel or None, command,
-                       cases_file=args.cases or CASES_FILE, budget_s=args.budget_s,
+                       cases_file=args.cases, budget_s=args.budget_s,
                        log=lambda m: console.print(m, markup=False), cost=cost,
                        rounds=args.rounds)
     console.print(f"bench: {len(report['cases'])} cases in {report['wall_s']:.0f} s -> "
@@ -113,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="every zoo kernel vs its baselines on this GPU")
     b.add_argument("--out", default="benchmarks/results", help="results root")
     b.add_argument("--kernel", action="append", help="only these kernels (repeatable)")
-    b.add_argument("--cases", help="cases YAML (default: the harness's bench_cases.yaml)")
+    b.add_argument("--cases", help="cases YAML (default: the bench cases each built-in "
+                   "kernel family declares)")
     b.add_argument("--budget-s", type=float, default=540.0,
                    help="stop starting new cases after this many seconds")
     b.add_argument("--tuning-experiment", help="experiment whose run measures the tuning cost "

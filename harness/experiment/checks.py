@@ -35,9 +35,9 @@ def _check_memory(path: Path, exp: Experiment, kernel: kernel_api.Kernel, i: int
                   shape: dict[str, int]) -> None:
     """A shape whose inputs and outputs cannot fit the smallest target device would fail
     every trial at allocation: refused here, with the kernel's own byte count: the
-    memory its inputs and output occupy (``footprint_bytes``, where a family's inputs
-    hold more than one call reads: the grouped GEMM's weights of experts without rows),
-    else what one call moves (``bytes_moved``). Both are closed forms, so that a shape
+    memory its inputs and output occupy (``footprint_bytes``: by default what one call
+    moves, more where a family's inputs hold more than one call reads, as the grouped
+    GEMM's weights of experts without rows). Both are closed forms, so that a shape
     costs the same to check at any size."""
     keys = [k for k in exp.hardware if k != "auto"]
     budgets = [(k, hardware.memory_bytes(k)) for k in keys]
@@ -46,8 +46,7 @@ def _check_memory(path: Path, exp: Experiment, kernel: kernel_api.Kernel, i: int
         budgets = [max(((k, m) for k, m in known if m), key=lambda km: km[1])]
     for dtype in exp.dtypes:
         try:
-            model = getattr(kernel, "footprint_bytes", None) or kernel.bytes_moved
-            need = float(model(shape, dtype))
+            need = float(kernel.footprint_bytes(shape, dtype))
         except Exception as exc:  # noqa: BLE001 - a family's model failing is bad input too
             # The run reports the model's figures (roofline) for every trial: a shape the
             # model cannot take (out of memory for a routing of 10^14 rows) cannot run.

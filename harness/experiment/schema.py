@@ -148,7 +148,8 @@ class FleetSettings(_Strict):
         30.0, gt=0, description="a config whose compile takes longer fails its trial as a "
         "compile time-out, on the node's compile service (one that spills registers can "
         "compile for minutes); configs compiled in the worker itself (compile_workers: 0, "
-        "or a family without compile_only) are bounded by timing.trial_timeout_s instead")
+        "or a family that does not compile ahead) are bounded by timing.trial_timeout_s "
+        "instead")
     max_retries: int = Field(2, ge=0, description="retries of a trial whose worker was lost")
     start_timeout_s: float = Field(600.0, gt=0, description="how long a worker may take to start")
     keep_workers_s: float = Field(
@@ -192,7 +193,8 @@ class SpaceSection(_Strict):
 
 
 class SearchSpace(_Strict):
-    """The inline ``search_space``: the structure of ``search_spaces/<kernel>.yaml``."""
+    """The inline ``search_space``: applied over the family's declared space
+    (``Kernel.search_space``), in the same structure."""
 
     params: dict[str, Choices] | None = None
     vendors: dict[Literal["nvidia", "amd", "cpu"], SpaceSection | None] | None = None

@@ -2,10 +2,12 @@
 them, into Triton's on-disk cache, so that a worker's first launch of a config only loads
 its binary.
 
-A family opts in with ``compile_only(inputs, shape, config)``: the same launch as its
-launcher, compiled and not run (``JITFunction.warmup``), given inputs as meta tensors
-(layout and dtype, no memory). ``Precompiler`` is the process pool; one per node runs in
-that node's compile service (``harness.fleet.compile_service``), shared by its GPUs.
+A family compiles ahead where its ``compiles_ahead`` is set (the launch mix-ins of
+``harness.kernel.launch`` set it): its ``compile_only(inputs, shape, config)`` is the
+same launch as its launcher, compiled and not run (``JITFunction.warmup``), given inputs
+as meta tensors (layout and dtype, no memory). ``Precompiler`` is the process pool; one
+per node runs in that node's compile service (``harness.fleet.compile_service``), shared
+by its GPUs.
 
 Every compile has a time-out (``fleet.compile_timeout_s``): a config that compiles for
 longer (one that spills registers can take minutes) fails its trial as a compile time-out
@@ -257,7 +259,7 @@ def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any, config:
         if config.get(PREBUILD):
             _prebuild(fam, shape, config["dtype"], config["seed"])
         else:
-            fam.compile_only(_CHILD[problem], shape, config)  # type: ignore[attr-defined]
+            fam.compile_only(_CHILD[problem], shape, config)
         _ALARM["armed"] = False
         out: dict[str, Any] = {"ok": True}
     except BaseException as exc:  # the parent measures this config anyway
@@ -330,9 +332,10 @@ def _close_at_exit(ref: weakref.ref) -> None:
 class Precompiler:
     """Compiles configs ahead in child processes.
 
-    A family opts in with ``compile_only(inputs, shape, config)``: the same launch as its
-    launcher, compiled and not run (``JITFunction.warmup``), given inputs as meta tensors
-    (layout and dtype, no memory) on a machine whose GPU it may query. The children write
+    A family whose ``compiles_ahead`` is set gives ``compile_only(inputs, shape,
+    config)``: the same launch as its launcher, compiled and not run
+    (``JITFunction.warmup``), given inputs as meta tensors (layout and dtype, no memory)
+    on a machine whose GPU it may query. The children write
     Triton's on-disk cache, so the worker's own first launch of that config only loads the
     binary. A failed or crashed compile is reported, not fatal: the worker's measurement
     compiles again and reports the error as the trial's. A compile past ``timeout_s`` is

@@ -361,7 +361,7 @@ class Worker:
             fam = kernel_api.get(kernel)
         except Exception:  # the measurement reports it
             return None
-        if not hasattr(fam, "compile_only"):
+        if not fam.compiles_ahead:
             return None
         with self._hint_lock:
             known = problem_key(kernel, shape, dtype, seed) in self._skeletons
@@ -580,7 +580,7 @@ class Worker:
         upcoming = self._pick(block=False)
         with self._cv:
             nxt = self._tasks.get(self._next if upcoming is None else upcoming)
-        if nxt is None or nxt[0] != "measure" or not hasattr(fam, "load_only"):
+        if nxt is None or nxt[0] != "measure" or not fam.compiles_ahead:
             return
         kernel, n_shape, n_dtype, config, n_seed = nxt[1][:5]
         if (kernel_api.get(kernel) is not fam
@@ -626,7 +626,7 @@ class Worker:
         soon as the task loop has built them."""
         from harness.kernel import api as kernel_api
 
-        if not hasattr(kernel_api.get(kernel), "compile_only"):
+        if not kernel_api.get(kernel).compiles_ahead:
             return  # the family compiles on first launch only
         problem = problem_key(kernel, shape, dtype, seed)
         with self._hint_lock:
@@ -640,7 +640,7 @@ class Worker:
                         config: dict | None) -> dict[str, Any] | None:
         """Build the problem's inputs, start the compiles hinted for it, and wait for
         ``config``'s own (None where it has none)."""
-        if self.pre is None or not hasattr(fam, "compile_only"):
+        if self.pre is None or not fam.compiles_ahead:
             return None
         problem = problem_key(kernel, shape, dtype, seed)
         try:

@@ -19,7 +19,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +36,6 @@ from harness.measure.timing import (
 )
 from harness.tracking import jsonsafe
 
-#: The cases ``kharness bench`` measures: package data, so an installed harness has them.
-CASES_FILE = Path(str(resources.files("harness.measure").joinpath("bench_cases.yaml")))
 ROOT = Path(__file__).resolve().parents[2]
 TUNING_EXPERIMENT = ROOT / "configs" / "matmul_grid216.yaml"
 #: Seconds of the budget kept for the cost sections (tuning run, lookup, decorator).
@@ -56,7 +53,17 @@ class Case:
     max_autotune: bool = False
 
 
-def load_cases(path: str | Path = CASES_FILE, only: list[str] | None = None) -> list[Case]:
+def load_cases(path: str | Path | None = None, only: list[str] | None = None) -> list[Case]:
+    """The cases to measure: those each kernel family declares (``Kernel.bench``), of
+    every built-in or of the kernels named in ``only`` (an installed plug-in's too), in
+    name order with the max-autotune rows last (the slowest, which a short budget cuts
+    first); or those of a cases YAML (``cases: [{kernel, shape, dtype, compile,
+    max_autotune}]``) where ``path`` names one."""
+    if path is None:
+        cases = [Case(name, c.shape, c.dtype, c.compile, c.max_autotune)
+                 for name in (only or kernel_api.builtin_names())
+                 for c in kernel_api.get(name).bench]
+        return sorted(cases, key=lambda c: c.max_autotune)
     data = yaml.safe_load(Path(path).read_text()) or {}
     cases = [Case(c["kernel"], c["shape"], c["dtype"], bool(c.get("compile", True)),
                   bool(c.get("max_autotune", False)))
@@ -324,7 +331,7 @@ class CostSettings:
 
 
 def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
-              cases_file: str | Path = CASES_FILE, budget_s: float = 540.0,
+              cases_file: str | Path | None = None, budget_s: float = 540.0,
               log: Callable[[str], None] = print,
               cost: CostSettings | None = None, rounds: int = 3) -> dict[str, Any]:
     """Benchmark every case, then the cost sections; write

@@ -1,8 +1,9 @@
-"""Search spaces: the tunables of a kernel family, as data.
+"""Search spaces: the tunables of a kernel family and their choices, as data.
 
-A space file ``search_spaces/<kernel>.yaml`` looks like::
+A family's space comes from its declared tunables (``Kernel.search_space``); an
+experiment's ``search_space`` has the same structure and applies on top::
 
-    params:                 # every tunable and its choices
+    params:                 # tunables and their choices
       BLOCK_M: [64, 128, 256]
       num_warps: [4, 8]
     vendors:                # optional: per-vendor overrides (nvidia, amd, cpu)
@@ -16,53 +17,20 @@ A space file ``search_spaces/<kernel>.yaml`` looks like::
           BLOCK_M: [64]
 
 Each study resolves the space for its own hardware: base, then its vendor's section,
-then its hardware key's section. An experiment YAML may add a ``search_space`` of the
-same structure, applied on top.
+then its hardware key's section; the family's layer first, then the experiment's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib import resources
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 Space = dict[str, list[Any]]
 
-REPO_SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
-
-
-def space_file(kernel: str) -> Path | None:
-    """The space YAML shipped for ``kernel`` (repo checkout or installed package)."""
-    local = REPO_SPACES / f"{kernel}.yaml"
-    if local.is_file():
-        return local
-    try:
-        res = resources.files("search_spaces") / f"{kernel}.yaml"
-        if res.is_file():
-            return Path(str(res))
-    except ModuleNotFoundError:
-        pass
-    return None
-
-
-def load_raw(kernel: str) -> dict[str, Any]:
-    path = space_file(kernel)
-    if path is None:
-        return {}
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a search space must be a mapping")
-    return data
-
 
 def for_kernel(kernel: Any) -> dict[str, Any]:
-    """The shipped space of a kernel family instance (file first, then its ``space``)."""
-    raw = load_raw(kernel.space_name or kernel.name)
-    return raw or dict(kernel.space)
+    """The space a kernel family declares (``Kernel.search_space``)."""
+    return kernel.search_space()
 
 
 def _apply(space: Space, overrides: Mapping[str, Any] | None, where: str) -> None:
@@ -81,7 +49,7 @@ def resolve(
     hardware: str,
     where: str = "search space",
 ) -> Space:
-    """The space one study samples from. Each layer (the shipped file, then the
+    """The space one study samples from. Each layer (the family's, then the
     experiment's inline ``search_space``) applies its base, vendor and hardware
     sections in that order, so later layers override earlier ones."""
     space: Space = {}

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 
 from harness.kernel.api import (
+    BenchCase,
     Config,
     DeviceSpec,
     Inputs,
@@ -36,6 +37,7 @@ from harness.kernel.api import (
     Shape,
     Tolerance,
     Tunable,
+    register,
 )
 
 from . import constraints
@@ -121,35 +123,60 @@ def _dense_baseline(inputs: Inputs, shape: Shape) -> Callable[[], torch.Tensor]:
     return lambda: torch.mm(a, b, out=out)
 
 
+@register("grouped_gemm")
 class GroupedGemm(Launches, Kernel):
     """Contiguous grouped GEMM: ``out[M, N] = A[rows of e] @ W[e]^T`` for each expert e."""
 
-    name: ClassVar[str] = "grouped_gemm"
     dims: ClassVar[tuple[str, ...]] = ("M", "N", "K", "E")
     # M (routed rows) varies per batch and is matched by nearest; the layer fixes the rest.
     exact_dims: ClassVar[tuple[str, ...]] = ("N", "K", "E")
-    default_config: ClassVar[dict[str, Any]] = {
-        "BLOCK_M": 64,
-        "BLOCK_N": 128,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 4,
-        "num_stages": 3,
-        "PERSISTENT": 0,
-        "USE_TMA": 0,
-        "TMA_STORE": 0,
-        "TAIL_SPLIT": 0,
-        "GLUON": 0,
-        "SWAP_AB": 0,
-        "TALL_TILE": 0,
-        "TAIL_DEAL": 0,
-    }
-    # The engines by number, and the retired tunables at the one value they still take (an
-    # old pack entry or experiment file may name them).
+    # AMD: its own launch options (passed on ROCm only), and 1-2 stages (the stream
+    # pipeliner's; LDS is smaller than on Hopper). The interpreter (cpu): a small space of
+    # tiles that stay fast under numpy; it emulates tensor descriptors (USE_TMA), not the
+    # wgmma shape choice (SWAP_AB: tests/ run it) nor Gluon (compiled for sm_90 in tests/).
     tunables: ClassVar[dict[str, Tunable]] = {
-        "GLUON": Tunable("int", constraints.GLUON_ENGINES),
-        **{name: Tunable("int", (value,)) for name, value in constraints.RETIRED.items()},
+        "BLOCK_M": Tunable((16, 64, 128), default=64, hardware={"cpu": (64,)},
+                           doc="rows of one expert per tile (16: few rows an expert)"),
+        "BLOCK_N": Tunable((128,), default=128, hardware={"cpu": (64, 128)},
+                           doc="columns per tile (256 is valid; no study found it winning)"),
+        "BLOCK_K": Tunable((64, 128), default=64, hardware={"cpu": (64,)},
+                           doc="reduction step"),
+        "GROUP_M": Tunable((1,), default=8, hardware={"cpu": (1, 4)},
+                           doc="m-blocks that sweep the n-tiles together (any >= 1 runs)"),
+        "num_warps": Tunable((4, 8), default=4, hardware={"cpu": (4,)}),
+        "num_stages": Tunable((4, 5), default=3, vendors={"amd": (1, 2)},
+                              hardware={"cpu": (2,)}),
+        "PERSISTENT": Tunable((0, 1), default=0, hardware={"cpu": (0, 1)},
+                              doc="1: one program per SM looping over the tiles"),
+        "USE_TMA": Tunable((0, 1), default=0, hardware={"cpu": (0, 1)},
+                           doc="1: TMA tensor-descriptor loads (pruned without TMA)"),
+        "TMA_STORE": Tunable((0, 1), default=0,
+                             doc="1: TMA only: full tiles stored by a descriptor"),
+        "TAIL_SPLIT": Tunable((0, 1), default=0, hardware={"cpu": (0, 1)},
+                              doc="1: an expert's last block of <= BLOCK_M/2 rows at half "
+                                  "height"),
+        "SWAP_AB": Tunable((0, 1), default=0, hardware={"cpu": (0,)},
+                           doc="1: TMA only: tiles computed transposed (rows on wgmma's N)"),
+        "GLUON": Tunable((0, 3), default=0, hardware={"cpu": (0,)},
+                         allowed=constraints.GLUON_ENGINES,
+                         doc="0: the Triton kernels; 3: the warp-specialized persistent "
+                             "Gluon kernel (Hopper)"),
+        "TALL_TILE": Tunable((0, 1), default=0, hardware={"cpu": (0,)},
+                             doc="GLUON=3: tiles of 1.5 blocks (W streamed less often)"),
+        "TAIL_DEAL": Tunable((0, 1), default=0, hardware={"cpu": (0,)},
+                             doc="GLUON=3: each wave's half tiles dealt round-robin"),
+        "waves_per_eu": Tunable(vendors={"amd": (0, 1, 2)}, doc="AMD-only launch option"),
+        "matrix_instr_nonkdim": Tunable(vendors={"amd": (16,)}, doc="AMD-only launch option"),
+        "kpack": Tunable(vendors={"amd": (1, 2)}, doc="AMD-only launch option"),
+        # Retired tunables, at the one value they still take (an old pack entry or
+        # experiment file may name them): never searched.
+        **{name: Tunable(allowed=(value,), doc="retired: accepted at this value only")
+           for name, value in constraints.RETIRED.items()},
     }
+    bench: ClassVar[tuple[BenchCase, ...]] = (
+        BenchCase("deepseek-v3-16b", "bf16"),
+        BenchCase("deepseek-v3-16b-m128", "bf16"),
+    )
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         # DeepSeek-V2-Lite / MoE-16B expert up-projection shape: 64 experts, hidden 2048,
         # expert FFN 1408, 8192 tokens routed to top-6.

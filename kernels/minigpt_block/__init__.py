@@ -7,34 +7,18 @@ its weights are fp32 master weights drawn from the seed like ``nn.Linear``'s ini
 inputs also carry fp16 copies, made once, as a deployment keeps them).
 
 The launcher is a pipeline of cuBLAS GEMMs (``torch.mm``/``addmm``) and Triton kernels
-for everything around them. Tunables (all real choices with their own accuracy):
-
-* ``PRECISION``: ``fp32`` (GEMMs with TF32 off, fp32 attention) or ``fp16`` (fp16 GEMM
-  operands with fp32 accumulation -- cuBLAS's reduced-precision reductions off -- fp16
-  attention operands and activations). Layer norm statistics, softmax statistics and
-  both residual streams stay fp32 either way.
-* ``QKV_SPLIT``: the c_attn output to head-major q / k^T / v by torch view + transpose +
-  copy (``torch``), by one Triton pass (``fused``), or not at all (``none``: the flash
-  kernel reads q, k, v strided from the c_attn output; flash only).
-* ``ATTN``: ``fused_softmax`` (cuBLAS q k^T, one Triton pass for scale + causal mask +
-  softmax in place, cuBLAS P v), ``flash`` (one Triton kernel with online softmax that
-  never writes the T x T matrix; head dim 96 is padded to 128 with masked loads, or split,
-  see FLASH_SPLIT_D) or ``sdpa`` (``F.scaled_dot_product_attention(is_causal=True)`` on
-  the c_attn output in place: the vendor library's fused attention, cuDNN / FlashAttention
-  on NVIDIA; the search picks whichever is faster on the GPU at hand).
-* ``FLASH_SPLIT_D``: the flash kernel holds a head dim that is the sum of two powers of
-  two (96 = 64 + 32) as two column parts, or pads it to the next power of two (128).
-* ``FUSE_GELU``: 0: ``addmm`` then the NewGELU formula as separate torch ops in the
-  GEMM dtype; 1: c_fc bias + NewGELU (+ the cast) in one Triton pass after ``mm``;
-  2: cuBLASLt's bias + GELU epilogue (``torch._addmm_activation(use_gelu=True)``, the
-  tanh GELU on CUDA -- NewGELU exactly), no extra pass at all.
-* ``FUSE_RESIDUAL``: 1: c_proj bias + first residual + ln_2 in one row kernel and the
-  MLP bias + second residual in one element-wise kernel; 2: the same row kernel also
-  stores the residual plus the MLP's c_proj bias, which that GEMM adds as its C operand
-  with an fp32 result (``addmm(..., out_dtype=float32)`` on CUDA: no extra pass, and the
-  MLP branch is never rounded to fp16); 0: ``addmm`` + torch adds.
-* block sizes / warps of each Triton kernel (``SPLIT_*``, ``SOFTMAX_*``, ``FLASH_*``,
-  ``LN_*``, ``EW_*``).
+for everything around them. Its tunables (``MiniGPTBlock.tunables``) are all real choices
+with their own accuracy. ``PRECISION=fp16``: fp16 GEMM operands with fp32 accumulation
+(cuBLAS's reduced-precision reductions off), fp16 attention operands and activations;
+layer norm statistics, softmax statistics and both residual streams stay fp32 either
+way. ``ATTN=flash`` never writes the T x T matrix; a head dim of 96 is padded to 128 with
+masked loads or split (``FLASH_SPLIT_D``). ``ATTN=sdpa`` runs
+``F.scaled_dot_product_attention(is_causal=True)`` on the c_attn output in place (cuDNN /
+FlashAttention on NVIDIA; the search picks whichever is faster on the GPU at hand).
+``FUSE_GELU=2`` is ``torch._addmm_activation(use_gelu=True)``, the tanh GELU on CUDA --
+NewGELU exactly. ``FUSE_RESIDUAL=2`` passes the residual plus the MLP's c_proj bias as
+that GEMM's C operand with an fp32 result (``addmm(..., out_dtype=float32)`` on CUDA: no
+extra pass, and the MLP branch is never rounded to fp16).
 
 The reference is the same math in fp64. Tolerance: ``PRECISION=fp32`` configs must meet
 atol 1e-3 (the public write-up's bound); ``fp16`` configs get atol 1e-2 (see
@@ -52,8 +36,20 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Launch, Shape, Tolerance
-from kernels._minigpt_triton import (
+from harness.kernel.api import (
+    BenchCase,
+    Config,
+    DeviceSpec,
+    Inputs,
+    Kernel,
+    Launch,
+    Planned,
+    Shape,
+    Tolerance,
+    Tunable,
+    register,
+)
+from kernels.minigpt_block.triton_kernels import (
     _bias_gelu_kernel,
     _bias_residual_kernel,
     _causal_softmax_kernel,
@@ -165,36 +161,64 @@ class _ExactAccumulation:
             setattr(torch.backends.cuda.matmul, f, v)
 
 
-class MiniGPTBlock(Kernel):
+@register("minigpt_block")
+class MiniGPTBlock(Planned, Kernel):
     """minGPT block: causal self-attention + NewGELU MLP, pre-LN, fp32 I/O."""
 
-    name: ClassVar[str] = "minigpt_block"
     dims: ClassVar[tuple[str, ...]] = ("B", "T", "C", "H")
     # The model fixes T, C and H; only the batch is matched by nearest.
     exact_dims: ClassVar[tuple[str, ...]] = ("T", "C", "H")
     dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
-    # fp32 throughout by default: a user of an fp32 block gets fp32 accuracy unless a
-    # pack says otherwise.
-    default_config: ClassVar[dict[str, Any]] = {
-        "PRECISION": "fp32",
-        "QKV_SPLIT": "fused",
-        "ATTN": "flash",
-        "FUSE_GELU": 1,
-        "FUSE_RESIDUAL": 1,
-        "SPLIT_BLOCK_T": 64,
-        "SPLIT_WARPS": 4,
-        "SOFTMAX_ROWS": 1,
-        "SOFTMAX_WARPS": 4,
-        "FLASH_BLOCK_M": 64,
-        "FLASH_BLOCK_N": 32,
-        "FLASH_WARPS": 4,
-        "FLASH_STAGES": 2,
-        "FLASH_SPLIT_D": 0,
-        "LN_ROWS": 1,
-        "LN_WARPS": 4,
-        "EW_BLOCK": 1024,
-        "EW_WARPS": 4,
+    # The first five are structural (and trade accuracy: PRECISION=fp16 is judged against
+    # a looser bound, see tolerance); the rest are block sizes and warps of the Triton
+    # kernel that each path uses (the others' values are ignored by that path). fp32
+    # throughout by default: a user of an fp32 block gets fp32 accuracy unless a pack
+    # says otherwise. AMD: 1-2 stages (its stream pipeliner; LDS is smaller than on
+    # Hopper). The interpreter (cpu): warps and stages mean nothing there; tiles that run
+    # fast.
+    tunables: ClassVar[dict[str, Tunable]] = {
+        "PRECISION": Tunable(_CHOICES["PRECISION"], default="fp32",
+                             doc="GEMM, attention and activation dtype (fp16: fp32 "
+                                 "accumulation); layer norms and residuals stay fp32"),
+        "QKV_SPLIT": Tunable(_CHOICES["QKV_SPLIT"], default="fused",
+                             doc="c_attn's output to head-major q / k^T / v by torch ops, "
+                                 "one Triton pass, or not at all (none: read in place by "
+                                 "ATTN=flash or sdpa)"),
+        "ATTN": Tunable(_CHOICES["ATTN"], default="flash",
+                        doc="fused_softmax: cuBLAS q k^T, one Triton pass for scale, mask "
+                            "and softmax, cuBLAS P v; flash: one Triton kernel, online "
+                            "softmax; sdpa: F.scaled_dot_product_attention in place"),
+        "FUSE_GELU": Tunable(_CHOICES["FUSE_GELU"], default=1,
+                             doc="0: torch ops; 1: Triton bias + GELU after mm; 2: cuBLASLt's "
+                                 "bias + GELU epilogue"),
+        "FUSE_RESIDUAL": Tunable(_CHOICES["FUSE_RESIDUAL"], default=1,
+                                 doc="1: bias + residual (+ ln_2) in Triton row kernels; 2: "
+                                     "also the MLP residual as the last GEMM's C; 0: torch"),
+        "SPLIT_BLOCK_T": Tunable((32, 64, 128), default=64, hardware={"cpu": (64,)},
+                                 doc="tokens per program of the fused q/k^T/v split"),
+        "SPLIT_WARPS": Tunable((2, 4, 8), default=4, hardware={"cpu": (4,)}),
+        "SOFTMAX_ROWS": Tunable((1, 2, 4), default=1, hardware={"cpu": (1, 4)},
+                                doc="score rows per program of the causal softmax"),
+        "SOFTMAX_WARPS": Tunable((1, 2, 4, 8), default=4, hardware={"cpu": (4,)}),
+        "FLASH_BLOCK_M": Tunable((64, 128), default=64, hardware={"cpu": (64,)}),
+        "FLASH_BLOCK_N": Tunable((32, 64, 128), default=32, hardware={"cpu": (64,)}),
+        "FLASH_WARPS": Tunable((4, 8), default=4, hardware={"cpu": (4,)}),
+        "FLASH_STAGES": Tunable((1, 2, 3), default=2, vendors={"amd": (1, 2)},
+                                hardware={"cpu": (2,)}),
+        "FLASH_SPLIT_D": Tunable(_CHOICES["FLASH_SPLIT_D"], default=0,
+                                 doc="1: a head dim that is the sum of two powers of two "
+                                     "(96 = 64 + 32) in two column parts, no padding"),
+        "LN_ROWS": Tunable((1, 2, 4), default=1, hardware={"cpu": (4,)},
+                           doc="C-wide rows per program of the layer norms"),
+        "LN_WARPS": Tunable((2, 4, 8), default=4, hardware={"cpu": (4,)}),
+        "EW_BLOCK": Tunable((512, 1024, 2048), default=1024, hardware={"cpu": (1024,)},
+                            doc="bias + GELU and bias + residual element-wise kernels"),
+        "EW_WARPS": Tunable((4, 8), default=4, hardware={"cpu": (4,)}),
     }
+    bench: ClassVar[tuple[BenchCase, ...]] = (
+        BenchCase("kernelbench-b32", "fp32", max_autotune=True),
+        BenchCase("kernelbench-b128", "fp32"),
+    )
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         "kernelbench-b32": {"B": 32, "T": 512, "C": 768, "H": 8},
         "kernelbench-b128": {"B": 128, "T": 512, "C": 768, "H": 8},
@@ -247,20 +271,6 @@ class MiniGPTBlock(Kernel):
             "sdpa fp16 eager": lambda i, s: lambda: sdpa_fp16_block(i, s),
             "torch.compile sdpa fp16": lambda i, s: lambda: compiled(i, s),
         }
-
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
-        return self._plan(inputs, shape, config)[0]
-
-    def compile_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
-        """Compile every Triton kernel ``config`` launches, without running any (inputs
-        may be meta tensors): the fleet's compile-ahead hook."""
-        for launch in self._plan(inputs, shape, config)[1]:
-            launch.warmup()
-
-    def load_only(self, inputs: Inputs, shape: Shape, config: Config) -> None:
-        """Bring the config's Triton binaries into this process without launching."""
-        for launch in self._plan(inputs, shape, config)[1]:
-            launch.load()
 
     def _plan(self, inputs: Inputs, shape: Shape,
               config: Config) -> tuple[Callable[[], Any], list[Launch]]:

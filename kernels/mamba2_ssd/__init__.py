@@ -10,20 +10,13 @@ per-head/per-step scalars kept in fp32). Output ``y`` (b, L, h, p) in the input 
 i.e. the recurrence ``s_t = exp(dt_t A) s_{t-1} + dt_t x_t B_t^T``, ``y_t = s_t C_t + D x_t``.
 The final state is not returned.
 
-Tunables: ``IMPL`` (``five``: the five-kernel pipeline; ``fused``: the chunk-parallel
-work in one launch, each program computing one chunk's output and end state), ``CARRY``
-(fused: how the state crosses chunks: ``sequential``, a second launch per head that walks
-the chunks in order and adds ``C . state``; ``lookback``, in the same launch, each chunk
-program publishing its own end state and looking back over its predecessors' until one
-has published its true end state (a decoupled look-back, ``kernels._ssd_lookback``);
-``chained``, the same launch where each program waits for its predecessor's true end
-state), ``CHUNK_SIZE``, ``STATE_DTYPE`` (dtype of the per-chunk states stored in global
-memory; states are combined in fp32), ``PREFETCH_C`` (sequential carry: prefetch C tiles
-into registers one chunk ahead, instead of leaving them to the pipeliner), ``BLOCK_M`` /
-``BLOCK_K`` (five: row / reduction tiles within a chunk), ``BLOCK_P`` (head-dim tile;
-fused: of the sequential carry), ``num_warps``, ``num_stages`` (fused: of the chunk launch;
-the sequential carry runs 4 warps, 2 stages). ``n`` is never tiled (one tile of
-next_pow2(n) <= 256). Any ``L`` works: the ragged last chunk is masked.
+Two implementations (``IMPL``, see ``Mamba2SSD.tunables``): ``five``, the five-kernel
+pipeline; ``fused``, the chunk-parallel work in one launch, each program computing one
+chunk's output and end state, and (``CARRY``) the state carried across chunks by a second,
+sequential launch per head (``sequential``) or in the same launch (``lookback``: a
+decoupled look-back over the chunk states its predecessors publish, ``lookback.py``;
+``chained``: each program waits for its predecessor's true end state). ``n`` is never tiled
+(one tile of next_pow2(n) <= 256). Any ``L`` works: the ragged last chunk is masked.
 
 Inner products: bf16/fp16 inputs multiply in the input dtype with fp32 accumulation; fp32
 inputs use 3xTF32 (``tf32x3``, fp32-accurate) on NVIDIA GPUs and IEEE fp32 elsewhere.
@@ -41,9 +34,21 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
-from kernels import _ssd_lookback as LB
-from kernels import _ssd_triton as K
+from harness.kernel.api import (
+    BenchCase,
+    Config,
+    DeviceSpec,
+    Inputs,
+    Kernel,
+    Launch,
+    Planned,
+    Shape,
+    Tolerance,
+    Tunable,
+    register,
+)
+from kernels.mamba2_ssd import lookback as LB
+from kernels.mamba2_ssd import triton_kernels as K
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -51,13 +56,13 @@ _BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 #: Chunk length of the reference/eager minimal SSD and of the flop model.
 REF_CHUNK = 64
+#: How the fused IMPL carries the state across chunks (the look-back ones in one launch).
+CARRIES = ("sequential", "lookback", "chained")
 #: Max fp32 tile values per thread (accumulators, state, the C B^T tile) before a config is
 #: pruned: above it sm_90 compiles at n=128 spill heavily. The fused chunk launch is counted
 #: by its CHUNK^2 tile alone: at 128 x 128 on 4 warps it still ran fastest among the chunk-128
 #: configs in bf16 (H200, 2026-11-26).
 _MAX_REGS_PER_THREAD = 128
-#: How the fused IMPL carries the state across chunks (the look-back ones in one launch).
-CARRIES = ("sequential", "lookback", "chained")
 
 
 def _fp32_dot_precision(interpreted: bool) -> str:
@@ -177,24 +182,55 @@ def ssd_recurrent(
 # ---------------------------------------------------------------------------------------
 
 
-class Mamba2SSD(Kernel):
+@register("mamba2_ssd")
+class Mamba2SSD(Planned, Kernel):
     """Mamba-2 chunked SSD forward: five-kernel pipeline or the fused pair of launches."""
 
-    name = "mamba2_ssd"
     dims = ("b", "L", "h", "p", "g", "n")
     exact_dims = ("h", "p", "g", "n")
-    default_config: ClassVar[dict[str, Any]] = {
-        "IMPL": "fused",
-        "CARRY": "sequential",
-        "CHUNK_SIZE": 64,
-        "STATE_DTYPE": "fp32",
-        "PREFETCH_C": 0,
-        "BLOCK_M": 64,
-        "BLOCK_K": 64,
-        "BLOCK_P": 16,
-        "num_warps": 4,
-        "num_stages": 2,
+    # A tunable an IMPL does not use is searched at its default only. Pruned: BLOCK_M /
+    # BLOCK_K above CHUNK_SIZE (five), BLOCK_P above p, a CHUNK_SIZE^2 fp32 tile over 128
+    # registers a thread (fused). H200, L=16,384, 80x64, n=128
+    # (benchmarks/results/H200/2026-11-26-ssd): the fused winners are CHUNK_SIZE 64, 4
+    # warps; bf16: fp16 states, BLOCK_P 32, PREFETCH_C 1; fp32 at 1e-4: fp32 states,
+    # BLOCK_P 16, PREFETCH_C 0. The interpreter (cpu) gets the tiny "test" shape (p=32)
+    # and one chunk size.
+    tunables: ClassVar[dict[str, Tunable]] = {
+        "IMPL": Tunable(("fused", "five"), default="fused",
+                        doc="fused: two launches (chunks in parallel, then the carry); "
+                            "five: the five-kernel pipeline"),
+        "CARRY": Tunable(CARRIES, default="sequential",
+                         doc="fused: how the state crosses chunks: a second, sequential "
+                             "launch; a decoupled look-back in the chunk launch; or each "
+                             "chunk waiting for its predecessor's state"),
+        "CHUNK_SIZE": Tunable((64, 128, 256), default=64, hardware={"cpu": (64,)},
+                              doc="tokens per chunk"),
+        "STATE_DTYPE": Tunable(("fp32", "fp16", "bf16"), default="fp32",
+                               hardware={"cpu": ("fp32", "fp16")},
+                               doc="dtype of the chunk states stored between launches (the "
+                                   "carried state is fp32)"),
+        "PREFETCH_C": Tunable((0, 1), default=0,
+                              doc="fused: the carry prefetches C tiles one chunk ahead"),
+        "BLOCK_M": Tunable((32, 64, 128), default=64, hardware={"cpu": (32, 64)},
+                           doc="five: row tile within a chunk"),
+        "BLOCK_K": Tunable((32, 64, 128), default=64, hardware={"cpu": (32, 64)},
+                           doc="five: reduction tile within a chunk"),
+        "BLOCK_P": Tunable((16, 32, 64), default=16, hardware={"cpu": (16, 32)},
+                           doc="head-dim tile (fused: of the carry)"),
+        "num_warps": Tunable((4, 8), default=4, hardware={"cpu": (4,)},
+                             doc="fused: of the chunk launch (the carry runs 4)"),
+        "num_stages": Tunable((1, 2, 3), default=2, hardware={"cpu": (1,)},
+                              doc="fused: of the chunk launch (the carry runs 2)"),
     }
+    bench: ClassVar[tuple[BenchCase, ...]] = (
+        BenchCase("mamba2-2.7b-4k", "fp32"),
+        BenchCase("mamba2-2.7b-16k", "fp32"),
+        BenchCase("mamba2-2.7b-64k", "fp32"),
+        BenchCase("granite4-16k", "fp32"),
+        BenchCase("mamba2-2.7b-4k", "bf16"),
+        BenchCase("mamba2-2.7b-16k", "bf16"),
+        BenchCase("mamba2-2.7b-64k", "bf16"),
+    )
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         "mamba2-2.7b-4k": {"b": 1, "L": 4096, "h": 80, "p": 64, "g": 1, "n": 128},
         "mamba2-2.7b-16k": {"b": 1, "L": 16384, "h": 80, "p": 64, "g": 1, "n": 128},
@@ -253,7 +289,11 @@ class Mamba2SSD(Kernel):
         return ssd_minimal(*(inputs[k] for k in ("x", "dt", "A", "B", "C", "D")))
 
     # -- launch -----------------------------------------------------------------------
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+    def _plan(self, inputs: Inputs, shape: Shape,
+              config: Config) -> tuple[Callable[[], Any], list[Launch]]:
+        """The config's launches (two fused, five otherwise; buffers allocated once) and
+        the forward that runs them. The forward names each launch by its stage
+        (``run.stages``: benchmarks/ssd_bench.py times them one by one)."""
         cfg = {**self.default_config, **config}
         x, dt, A, B, C, D = (inputs[k] for k in ("x", "dt", "A", "B", "C", "D"))
         b, L, h, p = x.shape
@@ -272,103 +312,86 @@ class Mamba2SSD(Kernel):
             "PREC": _fp32_dot_precision(interpreted) if x.dtype == torch.float32 else "tf32",
         }
         nchunks = triton.cdiv(L, chunk)
+        named: dict[str, Launch] = {}
 
         if cfg["IMPL"] == "fused" and cfg["CARRY"] != "sequential":
             if cfg["CARRY"] not in CARRIES:
                 raise ValueError(f"{self.name}: unknown CARRY {cfg['CARRY']!r}")
-            return LB.make_run(LB.LookbackLaunch(
+            lb = LB.LookbackLaunch(
                 (x, dt, A, B, C, D), y, chunk=chunk, state=state_t,
                 decoupled=cfg["CARRY"] == "lookback", dot_meta=common,
                 num_warps=warps, num_stages=stages,
-            ))  # fmt: skip
+            )  # fmt: skip
+            return LB.make_run(lb), [Launch(LB.ssd_lookback_kernel, lb.grid, lb.args(),
+                                            lb.meta)]
 
         if cfg["IMPL"] == "fused":
             bpf = max(16, _next_pow2(p))
             # The states each chunk leaves at its end, (n, p) per head; the last is unused.
             states = torch.empty(b, nchunks, h, n, p, dtype=state_t, device=x.device)
-
-            def chunk_stage() -> None:
-                K.ssd_chunk_kernel[(nchunks, h, b)](
-                    x, dt, A, B, C, D, y, states,
-                    L, h, hpg, p, n, nchunks,
-                    *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(),
-                    CHUNK=chunk, BLOCK_P=bpf, BLOCK_N=bn,
-                    STATE=_TL_DTYPES[state_t], num_warps=warps, num_stages=stages, **common,
-                )  # fmt: skip
-
-            def carry_stage() -> None:
-                if nchunks > 1:
-                    K.ssd_carry_kernel[(triton.cdiv(p, bp), h, b)](
-                        dt, A, C, y, states,
-                        L, h, hpg, p, n, nchunks,
-                        *dt.stride(), *C.stride(), *y.stride(),
-                        CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, PREFETCH_C=bool(cfg["PREFETCH_C"]),
-                        num_warps=4, num_stages=2, **common,
-                    )  # fmt: skip
-
-            def run_fused() -> torch.Tensor:
-                chunk_stage()
-                carry_stage()
-                return y
-
-            run_fused.stages = {"chunk": chunk_stage, "carry": carry_stage}  # type: ignore[attr-defined]
-            return run_fused
-
-        if cfg["IMPL"] != "five":
+            named["chunk"] = Launch(
+                K.ssd_chunk_kernel, (nchunks, h, b),
+                (x, dt, A, B, C, D, y, states, L, h, hpg, p, n, nchunks,
+                 *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride()),
+                {"CHUNK": chunk, "BLOCK_P": bpf, "BLOCK_N": bn, "STATE": _TL_DTYPES[state_t],
+                 "num_warps": warps, "num_stages": stages, **common})
+            if nchunks > 1:
+                named["carry"] = Launch(
+                    K.ssd_carry_kernel, (triton.cdiv(p, bp), h, b),
+                    (dt, A, C, y, states, L, h, hpg, p, n, nchunks,
+                     *dt.stride(), *C.stride(), *y.stride()),
+                    {"CHUNK": chunk, "BLOCK_P": bp, "BLOCK_N": bn,
+                     "PREFETCH_C": bool(cfg["PREFETCH_C"]), "num_warps": 4, "num_stages": 2,
+                     **common})
+        elif cfg["IMPL"] == "five":
+            # Intermediates: per-chunk dt*A cumsum, C B^T per chunk and group, chunk states
+            # (overwritten in place by the states entering each chunk).
+            dacs = torch.empty(b, h, nchunks, chunk, dtype=torch.float32, device=x.device)
+            cb = torch.empty(b, nchunks, g, chunk, chunk, dtype=torch.float32, device=x.device)
+            states = torch.empty(b, nchunks, h, p, n, dtype=state_t, device=x.device)
+            block_h = min(16, _next_pow2(h))
+            sp_block = min(256, _next_pow2(p * n))
+            tiles = {"num_warps": warps, "num_stages": stages, **common}
+            named["cumsum"] = Launch(
+                K.chunk_cumsum_kernel, (b, nchunks, triton.cdiv(h, block_h)),
+                (dt, A, dacs, L, h, nchunks, *dt.stride()),
+                {"CHUNK": chunk, "BLOCK_H": block_h, "num_warps": 4})
+            named["bmm"] = Launch(
+                K.bmm_chunk_kernel, ((chunk // bm) * (chunk // bk), b * nchunks, g),
+                (C, B, cb, L, g, n, nchunks, *C.stride(), *B.stride()),
+                {"CHUNK": chunk, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_N": bn, **tiles})
+            named["state"] = Launch(
+                K.chunk_state_kernel, (triton.cdiv(p, bp), b * nchunks, h),
+                (x, B, dt, dacs, states, L, h, hpg, p, n, nchunks,
+                 *x.stride(), *B.stride(), *dt.stride()),
+                {"CHUNK": chunk, "BLOCK_K": bk, "BLOCK_P": bp, "BLOCK_N": bn,
+                 "STATE": _TL_DTYPES[state_t], **tiles})
+            named["passing"] = Launch(
+                K.state_passing_kernel, (triton.cdiv(p * n, sp_block), b, h),
+                (states, dacs, h, p * n, nchunks),
+                {"CHUNK": chunk, "BLOCK": sp_block, "STATE": _TL_DTYPES[state_t],
+                 "num_warps": 4})
+            named["scan"] = Launch(
+                K.chunk_scan_kernel,
+                (triton.cdiv(chunk, bm) * triton.cdiv(p, bp), b * nchunks, h),
+                (cb, x, dt, dacs, C, states, D, y, L, h, hpg, g, p, n, nchunks,
+                 *x.stride(), *dt.stride(), *C.stride(), *y.stride()),
+                {"CHUNK": chunk, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_P": bp, "BLOCK_N": bn,
+                 **tiles})
+        else:
             raise ValueError(f"{self.name}: unknown IMPL {cfg['IMPL']!r}")
-        # Intermediates: per-chunk dt*A cumsum, C B^T per chunk and group, chunk states
-        # (overwritten in place by the states entering each chunk).
-        dacs = torch.empty(b, h, nchunks, chunk, dtype=torch.float32, device=x.device)
-        cb = torch.empty(b, nchunks, g, chunk, chunk, dtype=torch.float32, device=x.device)
-        states = torch.empty(b, nchunks, h, p, n, dtype=state_t, device=x.device)
-        block_h = min(16, _next_pow2(h))
-        sp_block = min(256, _next_pow2(p * n))
 
-        def cumsum_stage() -> None:
-            K.chunk_cumsum_kernel[(b, nchunks, triton.cdiv(h, block_h))](
-                dt, A, dacs, L, h, nchunks, *dt.stride(),
-                CHUNK=chunk, BLOCK_H=block_h, num_warps=4,
-            )  # fmt: skip
+        launches = list(named.values())
+        # Bound once: indexing a JITFunction by its grid costs host time on every call.
+        bound = [(lc.fn[lc.grid], lc.args, lc.meta) for lc in launches]
 
-        def bmm_stage() -> None:
-            K.bmm_chunk_kernel[((chunk // bm) * (chunk // bk), b * nchunks, g)](
-                C, B, cb, L, g, n, nchunks, *C.stride(), *B.stride(),
-                CHUNK=chunk, BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn,
-                num_warps=warps, num_stages=stages, **common,
-            )  # fmt: skip
-
-        def state_stage() -> None:
-            K.chunk_state_kernel[(triton.cdiv(p, bp), b * nchunks, h)](
-                x, B, dt, dacs, states, L, h, hpg, p, n, nchunks,
-                *x.stride(), *B.stride(), *dt.stride(),
-                CHUNK=chunk, BLOCK_K=bk, BLOCK_P=bp, BLOCK_N=bn,
-                STATE=_TL_DTYPES[state_t], num_warps=warps, num_stages=stages, **common,
-            )  # fmt: skip
-
-        def passing_stage() -> None:
-            K.state_passing_kernel[(triton.cdiv(p * n, sp_block), b, h)](
-                states, dacs, h, p * n, nchunks,
-                CHUNK=chunk, BLOCK=sp_block, STATE=_TL_DTYPES[state_t], num_warps=4,
-            )  # fmt: skip
-
-        def scan_stage() -> None:
-            K.chunk_scan_kernel[(triton.cdiv(chunk, bm) * triton.cdiv(p, bp), b * nchunks, h)](
-                cb, x, dt, dacs, C, states, D, y, L, h, hpg, g, p, n, nchunks,
-                *x.stride(), *dt.stride(), *C.stride(), *y.stride(),
-                CHUNK=chunk, BLOCK_M=bm, BLOCK_K=bk, BLOCK_P=bp, BLOCK_N=bn,
-                num_warps=warps, num_stages=stages, **common,
-            )  # fmt: skip
-
-        five = {"cumsum": cumsum_stage, "bmm": bmm_stage, "state": state_stage,
-                "passing": passing_stage, "scan": scan_stage}  # fmt: skip
-
-        def run_five() -> torch.Tensor:
-            for stage in five.values():
-                stage()
+        def run() -> torch.Tensor:
+            for kernel, args, meta in bound:
+                kernel(*args, **meta)
             return y
 
-        run_five.stages = five  # type: ignore[attr-defined]
-        return run_five
+        run.stages = named  # type: ignore[attr-defined]
+        return run, launches
 
     # -- cost model -------------------------------------------------------------------
     def flops(self, shape: Shape) -> float:

@@ -14,21 +14,13 @@ that wrong; ``tests/test_selective_scan.py`` has a test that tells the two apart
 
 The Triton kernels stream over L with the state ``h [BLOCK_D, n]`` in registers and
 never materialise ``(b, L, d, n)`` (except FUSE_PREAMBLE=0, whose whole point is that
-torch materialises exp(delta * A) first). Tunables:
-
-* ``BLOCK_D``: channels per program (grid = d / BLOCK_D x b).
-* ``CHUNK_L``: timesteps per loop iteration. 1 is the plain sequential recurrence; > 1
-  loads CHUNK_L steps at once (independent loads, so their latency overlaps) and runs
-  the recurrence inside the chunk as a parallel ``tl.associative_scan``, carrying h
-  between chunks.
-* ``STATE_DTYPE``: ``fp32`` or ``fp16`` for h carried between steps (chunks).
-* ``FUSE_PREAMBLE``: 0 = torch computes softplus and exp(delta*A) (a (b,L,d,n) fp32
-  tensor), 1 = torch computes softplus (a (b,L,d) fp32 tensor), the kernel exp(delta*A),
-  2 = the kernel does both from raw dt. The torch work runs inside the launched callable
-  (an application would do it too). The brief's middle level read "softplus fused, exp
-  not", which cannot be done without a second pass (exp(delta*A) needs softplus first),
-  so level 1 fuses the exp and leaves softplus to torch.
-* ``num_warps``.
+torch materialises exp(delta * A) first). The tunables are ``SelectiveScan.tunables``.
+``CHUNK_L`` > 1 loads CHUNK_L steps at once (independent loads, so their latency
+overlaps) and runs the recurrence inside the chunk as a parallel
+``tl.associative_scan``, carrying h between chunks. ``FUSE_PREAMBLE``'s torch work runs
+inside the launched callable (an application would do it too). A middle level "softplus
+fused, exp not" cannot be done without a second pass (exp(delta*A) needs softplus
+first), so level 1 fuses the exp and leaves softplus to torch.
 """
 
 from __future__ import annotations
@@ -41,7 +33,19 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from harness.kernel.api import (
+    BenchCase,
+    Config,
+    DeviceSpec,
+    Inputs,
+    Kernel,
+    Launch,
+    Planned,
+    Shape,
+    Tolerance,
+    Tunable,
+    register,
+)
 from kernels._triton_common import softplus as _softplus
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -206,19 +210,39 @@ def _has_associative_scan() -> bool:
     return True
 
 
-class SelectiveScan(Kernel):
+#: Why the benchmark leaves out torch.compile of eager here.
+_NO_COMPILE = ("torch.compile of the sequential eager loop did not finish compiling within "
+               "~5 min on an H200 at L=512 (dynamo unrolls the L-step loop; 2026-11-22, "
+               "bench run 1)")
+
+
+@register("selective_scan")
+class SelectiveScan(Planned, Kernel):
     """Mamba-1 selective scan forward (softplus(dt + dt_bias), exp(delta*A) discretisation)."""
 
-    name = "selective_scan"
     dims = ("b", "L", "d", "n")
     dtypes = ("bf16", "fp16", "fp32")
-    default_config: ClassVar[dict[str, Any]] = {
-        "BLOCK_D": 16,
-        "CHUNK_L": 8,
-        "STATE_DTYPE": "fp32",
-        "FUSE_PREAMBLE": 2,
-        "num_warps": 4,
+    # Configs with CHUNK_L*BLOCK_D*n above 64 fp32 per thread are pruned by check_config.
+    # The interpreter (cpu): smoke runs, the element-by-element interpreted scan kept small.
+    tunables: ClassVar[dict[str, Tunable]] = {
+        "BLOCK_D": Tunable((4, 8, 16, 32, 64, 128), default=16, hardware={"cpu": (8, 16)},
+                           doc="channels per program (grid: d / BLOCK_D x b)"),
+        "CHUNK_L": Tunable((1, 4, 8, 16, 32), default=8, hardware={"cpu": (1, 4)},
+                           doc="timesteps per loop iteration: 1 is the plain recurrence; "
+                               "more run it inside the chunk as a tl.associative_scan"),
+        "STATE_DTYPE": Tunable(("fp32", "fp16"), default="fp32",
+                               doc="dtype of the state h carried between steps"),
+        "FUSE_PREAMBLE": Tunable((0, 1, 2), default=2,
+                                 doc="0: torch computes softplus and exp(delta*A); 1: torch "
+                                     "softplus, the kernel exp; 2: the kernel both"),
+        "num_warps": Tunable((1, 2, 4, 8), default=4, hardware={"cpu": (4,)}),
     }
+    bench: ClassVar[tuple[BenchCase, ...]] = (
+        BenchCase("b1-L512-n16", "fp32", compile=False, why=_NO_COMPILE),
+        BenchCase("b1-L512-n16", "fp16", compile=False, why=_NO_COMPILE),
+        BenchCase("b16-L2048-n16", "fp32", compile=False, why=_NO_COMPILE),
+        BenchCase("b1-L2048-n32", "fp32", compile=False, why=_NO_COMPILE),
+    )
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         "b1-L512-n16": {"b": 1, "L": 512, "d": 1024, "n": 16},
         "b16-L2048-n16": {"b": 16, "L": 2048, "d": 1024, "n": 16},
@@ -277,7 +301,10 @@ class SelectiveScan(Kernel):
 
         return {"torch.compile associative_scan": compiled_scan}
 
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+    def _plan(self, inputs: Inputs, shape: Shape,
+              config: Config) -> tuple[Callable[[], Any], list[Launch]]:
+        """The scan's one launch and the forward that runs it (after torch's preamble
+        where FUSE_PREAMBLE < 2)."""
         cfg = {**self.default_config, **config}
         s = self.validate_shape(shape)
         b, L, d, n = s["b"], s["L"], s["d"], s["n"]
@@ -300,6 +327,16 @@ class SelectiveScan(Kernel):
         else:
             kernel = _scan_chunk_kernel
             meta["CHUNK_L"] = chunk_l
+        tail = (A, B, C, D, dt_bias, y, L, d, n)
+        if fuse == 2:
+            planned = Launch(kernel, grid, (x, dt, dt, *tail), meta)  # da unused
+        else:
+            # torch's preamble makes its outputs anew on each call (it is part of what is
+            # timed): the launch is planned on stand-ins of their dtype and layout.
+            dt_arg = torch.empty(b, L, d, dtype=torch.float32, device="meta")
+            da_arg = (torch.empty(b, L, d, n, dtype=torch.float32, device="meta")
+                      if fuse == 0 else dt_arg)
+            planned = Launch(kernel, grid, (x, dt_arg, da_arg, *tail), meta)
 
         def run() -> torch.Tensor:
             if fuse == 2:
@@ -307,10 +344,10 @@ class SelectiveScan(Kernel):
             else:
                 dt_arg = F.softplus(dt.float() + dt_bias)
                 da_arg = (dt_arg[..., None] * A).exp_() if fuse == 0 else dt_arg
-            kernel[grid](x, dt_arg, da_arg, A, B, C, D, dt_bias, y, L, d, n, **meta)
+            kernel[grid](x, dt_arg, da_arg, *tail, **meta)
             return y
 
-        return run
+        return run, [planned]
 
     def flops(self, shape: Shape) -> float:
         s = self.validate_shape(shape)

@@ -10,14 +10,13 @@ shared base (:class:`FusedElementwise`), all over a ``(rows, cols)`` input:
 * ``softplus_clamp``: ``clamp(softplus(x + bias[col]), lo, hi)`` (Mamba-2's dt with
   ``dt_bias`` and ``time_step_limit``).
 
-The three point-wise ops run one flat kernel over ``rows * cols`` elements. Tunables:
-``BLOCK_SIZE`` (elements per program; per row chunk for rmsnorm) and ``num_warps``.
-Arithmetic is fp32, loads and stores in the input dtype. References are fp64.
+The three point-wise ops run one flat kernel over ``rows * cols`` elements. The four
+share their tunables (``FusedElementwise.tunables``). Arithmetic is fp32, loads and
+stores in the input dtype. References are fp64.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -25,7 +24,17 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape
+from harness.kernel.api import (
+    BenchCase,
+    Config,
+    DeviceSpec,
+    Inputs,
+    Kernel,
+    Shape,
+    SingleLaunch,
+    Tunable,
+    register,
+)
 from kernels._triton_common import softplus as _softplus
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -80,17 +89,23 @@ def _pointwise_kernel(x_ptr, g_ptr, y_ptr, NUMEL, N_COLS, lo, hi,
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-class FusedElementwise(Kernel):
+class FusedElementwise(SingleLaunch, Kernel):
     """Shared base: a (rows, cols) input, BLOCK_SIZE and num_warps, no matrix work."""
-    space_name = "fused_elementwise"  # the sibling families share one space file
 
     dims = ("rows", "cols")
     dtypes = ("bf16", "fp16", "fp32")
-    default_config: ClassVar[dict[str, Any]] = {"BLOCK_SIZE": 1024, "num_warps": 4}
+    tunables: ClassVar[dict[str, Tunable]] = {
+        "BLOCK_SIZE": Tunable((256, 512, 1024, 2048, 4096, 8192), default=1024,
+                              hardware={"cpu": (256, 1024)},
+                              doc="elements per program: of a row for rmsnorm (one pass "
+                                  "when BLOCK_SIZE >= cols), of the flat tensor otherwise"),
+        "num_warps": Tunable((1, 2, 4, 8, 16), default=4, hardware={"cpu": (4,)}),
+    }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         "r8192-c4096": {"rows": 8192, "cols": 4096},
         "test": {"rows": 5, "cols": 300},
     }
+    bench: ClassVar[tuple[BenchCase, ...]] = (BenchCase("r8192-c4096", "bf16"),)
     #: flops per element and how many (rows, cols) tensors move (inputs + output).
     flops_per_elem: ClassVar[float]
     full_tensors: ClassVar[int]
@@ -138,30 +153,23 @@ class _Pointwise(FusedElementwise):
     def _second(self, inputs: Inputs) -> torch.Tensor | None:
         return None
 
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+    def _launch(self, inputs: Inputs, config: Config) -> tuple[Any, tuple, tuple, dict, Any]:
         cfg = {**self.default_config, **config}
-        s = self.validate_shape(shape)
         x = inputs["x"].contiguous()
         second = self._second(inputs)
         g = x if second is None else second.contiguous()
         y = torch.empty_like(x)
         numel, bs = x.numel(), int(cfg["BLOCK_SIZE"])
         lo, hi = float(inputs.get("lo", 0.0)), float(inputs.get("hi", 0.0))
-        grid = (triton.cdiv(numel, bs),)
-        nw = int(cfg["num_warps"])
-
-        def run() -> torch.Tensor:
-            _pointwise_kernel[grid](x, g, y, numel, s["cols"], lo, hi, OP=self.op,
-                                    BLOCK_SIZE=bs, num_warps=nw)
-            return y
-
-        return run
+        return (_pointwise_kernel, (triton.cdiv(numel, bs),),
+                (x, g, y, numel, x.shape[1], lo, hi),
+                {"OP": self.op, "BLOCK_SIZE": bs, "num_warps": int(cfg["num_warps"])}, y)
 
 
+@register("rmsnorm")
 class RMSNorm(FusedElementwise):
     """y = x * rsqrt(mean(x^2) + eps) * weight, fp32 accumulation, eps = 1e-6."""
 
-    name = "rmsnorm"
     default_config: ClassVar[dict[str, Any]] = {"BLOCK_SIZE": 4096, "num_warps": 8}
     flops_per_elem, full_tensors, col_vector = 4.0, 2, True
 
@@ -187,28 +195,20 @@ class RMSNorm(FusedElementwise):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + inputs["eps"])
         return w * xf.to(x.dtype)
 
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+    def _launch(self, inputs: Inputs, config: Config) -> tuple[Any, tuple, tuple, dict, Any]:
         cfg = {**self.default_config, **config}
-        s = self.validate_shape(shape)
         x, w = inputs["x"].contiguous(), inputs["weight"].contiguous()
-        eps = float(inputs["eps"])
+        rows, cols = x.shape
         y = torch.empty_like(x)
         bs, nw = int(cfg["BLOCK_SIZE"]), int(cfg["num_warps"])
-        one_pass = bs >= s["cols"]
-        grid = (s["rows"],)
-
-        def run() -> torch.Tensor:
-            _rmsnorm_kernel[grid](x, w, y, s["cols"], eps, BLOCK_SIZE=bs, ONE_PASS=one_pass,
-                                  num_warps=nw)
-            return y
-
-        return run
+        return (_rmsnorm_kernel, (rows,), (x, w, y, cols, float(inputs["eps"])),
+                {"BLOCK_SIZE": bs, "ONE_PASS": bs >= cols, "num_warps": nw}, y)
 
 
+@register("silu")
 class SiLU(_Pointwise):
     """y = x * sigmoid(x)."""
 
-    name = "silu"
     op = OP_SILU
     flops_per_elem, full_tensors = 4.0, 2
 
@@ -224,10 +224,10 @@ class SiLU(_Pointwise):
         return F.silu(inputs["x"])
 
 
+@register("silu_mul")
 class SiLUMul(_Pointwise):
     """y = x * silu(gate) (the gate of Mamba's output / a SwiGLU MLP)."""
 
-    name = "silu_mul"
     op = OP_SILU_MUL
     flops_per_elem, full_tensors = 5.0, 3
 
@@ -248,10 +248,10 @@ class SiLUMul(_Pointwise):
         return inputs["x"] * F.silu(inputs["gate"])
 
 
+@register("softplus_clamp")
 class SoftplusClamp(_Pointwise):
     """y = clamp(softplus(x + bias), lo, hi) with a per-column bias (Mamba-2 dt)."""
 
-    name = "softplus_clamp"
     op = OP_SOFTPLUS_CLAMP
     flops_per_elem, full_tensors, col_vector = 7.0, 2, True
 

@@ -1,4 +1,4 @@
-"""Triton kernels of the minGPT block (kernels/minigpt_block.py).
+"""Triton kernels of the minGPT block (the ``minigpt_block`` family).
 
 Arithmetic is fp32 everywhere; loads and stores use the pointers' dtypes, so the same
 kernel serves the fp32 and the fp16 (PRECISION) paths and the cast to the next GEMM's

@@ -16,7 +16,17 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, SingleLaunch, Tolerance
+from harness.kernel.api import (
+    Config,
+    DeviceSpec,
+    Inputs,
+    Kernel,
+    Shape,
+    SingleLaunch,
+    Tolerance,
+    Tunable,
+    register,
+)
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -103,21 +113,33 @@ def _next_pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 0).bit_length()
 
 
+@register("matmul")
 class Matmul(SingleLaunch, Kernel):
     """``C = A @ B`` for row-major A [M, K] and B [K, N]."""
 
-    name: ClassVar[str] = "matmul"
     dims: ClassVar[tuple[str, ...]] = ("M", "N", "K")
     exact_dims: ClassVar[tuple[str, ...]] = ()
-    # Passes check_config on H100/H200/A100 and on the V710 (AMD keeps one stage fewer
-    # in LDS), for every seed shape.
-    default_config: ClassVar[dict[str, Any]] = {
-        "BLOCK_M": 128,
-        "BLOCK_N": 128,
-        "BLOCK_K": 32,
-        "GROUP_M": 8,
-        "num_warps": 4,
-        "num_stages": 3,
+    # BLOCK_M 16 and 32 are decode tiles: check_config keeps them for M <= 64 only, so a
+    # larger M has exactly 216 valid configs (3 x 3 x 2 x 2 x 3 x 2), which
+    # configs/matmul_grid216.yaml tunes exhaustively. The defaults pass check_config on
+    # H100/H200/A100 and on the V710 (AMD keeps one stage fewer in LDS), for every seed
+    # shape. The interpreter (cpu) gets small tiles that stay fast under numpy.
+    tunables: ClassVar[dict[str, Tunable]] = {
+        "BLOCK_M": Tunable((16, 32, 64, 128, 256), default=128, hardware={"cpu": (64,)},
+                           doc="rows of a tile; 16 and 32 are decode tiles (M <= 64 only)"),
+        "BLOCK_N": Tunable((64, 128, 256), default=128, hardware={"cpu": (64,)},
+                           doc="columns of a tile"),
+        "BLOCK_K": Tunable((32, 64), default=32, hardware={"cpu": (32, 64)},
+                           doc="reduction step"),
+        "num_warps": Tunable((4, 8), default=4, hardware={"cpu": (4,)}),
+        "num_stages": Tunable((3, 4, 5), default=3, vendors={"amd": (1, 2)},
+                              hardware={"cpu": (3,)},
+                              doc="pipeline depth (AMD's stream pipeliner wants 1-2; its "
+                                  "LDS is smaller than Hopper's)"),
+        "GROUP_M": Tunable((1, 8), default=8,
+                           doc="1: row-major launch order; 8: L2-friendly groups of rows"),
+        "waves_per_eu": Tunable(vendors={"amd": (0, 2)},
+                                doc="AMD-only launch option, passed on ROCm only"),
     }
     shapes: ClassVar[dict[str, dict[str, int]]] = {
         "square-8192": {"M": 8192, "N": 8192, "K": 8192},

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._ssd_triton import _op
+from kernels.mamba2_ssd.triton_kernels import _op
 
 #: Flag values of a slot.
 AGGREGATE: tl.constexpr = tl.constexpr(1)
@@ -259,18 +259,19 @@ class LookbackLaunch:
             "num_stages": num_stages,
         }
 
-    def launch(self) -> None:
-        """The kernel alone, on the workspace as it is (``__call__`` zeroes it first)."""
+    def args(self) -> tuple:
+        """The kernel's positional arguments (its meta-parameters are ``meta``)."""
         x, dt, A, B, C, D = self.inputs
         b, L, h, p = x.shape
         g, n = B.shape[2], B.shape[3]
         y = self.y
-        ssd_lookback_kernel[self.grid](
-            x, dt, A, B, C, D, y, self.states, self.totals, self.sync,
-            L, h, h // g, p, n, self.nchunks, b,
-            *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(),
-            **self.meta,
-        )  # fmt: skip
+        return (x, dt, A, B, C, D, y, self.states, self.totals, self.sync,
+                L, h, h // g, p, n, self.nchunks, b,
+                *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride())
+
+    def launch(self) -> None:
+        """The kernel alone, on the workspace as it is (``__call__`` zeroes it first)."""
+        ssd_lookback_kernel[self.grid](*self.args(), **self.meta)
 
     def given_up(self) -> int:
         """Flags the interpreter found unset and stopped polling (a protocol error)."""

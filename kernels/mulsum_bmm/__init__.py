@@ -18,15 +18,15 @@ and ``states (b, c, h, p, n)``. The seed shape of ``mulsum_bmm`` is the
 Granite-4 one: C ``[32, 1, 256, 1, 48, 128]`` times B ``[32, 1, 1, 256, 48, 128]`` fp32,
 whose broadcast intermediate is 51.5 GB. The siblings use the same layer (head dim p = 64).
 
-Tunable ``IMPL``:
+Three implementations (``IMPL``; the tunables are ``_BmmPattern.tunables``, and those of
+the IMPLs not chosen are ignored):
 
 * ``broadcast_chunked``: the as-written product and sum, ``CHUNK`` rows of the chunked
   dimension (``l``, or ``p`` for states) at a time so the intermediate fits.
 * ``bmm``: ``torch.matmul`` on permuted views; ``ALLOW_TF32`` sets
   ``torch.backends.cuda.matmul.allow_tf32`` around the call only (restored after).
-* ``triton``: a strided batched ``tl.dot`` kernel; ``INPUT_PRECISION`` ieee / tf32 /
-  tf32x3 (3 tf32 products: fp32-level accuracy at tensor-core speed), ``BLOCK_M/N/K``,
-  ``num_warps``, ``num_stages``. Tunables of the other IMPLs are ignored.
+* ``triton``: a strided batched ``tl.dot`` kernel (``INPUT_PRECISION``, tiles, warps,
+  stages).
 
 The ``bmm`` and ``triton`` outputs are written batch-major ``(b, c, h, M, N)`` and
 returned as a permuted view with the eager shape: writing ``(b, c, l, s, h)`` directly
@@ -47,7 +47,19 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernel.api import Config, DeviceSpec, Inputs, Kernel, Shape, Tolerance
+from harness.kernel.api import (
+    BenchCase,
+    Config,
+    DeviceSpec,
+    Inputs,
+    Kernel,
+    Launch,
+    Planned,
+    Shape,
+    Tolerance,
+    Tunable,
+    register,
+)
 
 IMPLS = ("broadcast_chunked", "bmm", "triton")
 PRECISIONS = ("ieee", "tf32", "tf32x3")
@@ -110,14 +122,14 @@ def _is_tf32(cfg: Config) -> bool:
         impl == "bmm" and bool(int(cfg.get("ALLOW_TF32", 0))))
 
 
-class _BmmPattern(Kernel):
+class _BmmPattern(Planned, Kernel):
     """A broadcast multiply-sum that is a batched matmul over (b, c, h).
 
     Subclasses name two operands and say how to view them as ``[b*c, h, M, K]`` and
     ``[b*c, h, K, N]``, how the ``[b*c, h, M, N]`` result maps to the eager output, and
     how to write the as-written broadcast form for a slice of the chunked dimension.
+    The four families share the tunables below.
     """
-    space_name = "mulsum_bmm"  # the sibling families share one space file
 
     dtypes = ("fp32",)
     #: The two operand names, in make_inputs order.
@@ -125,17 +137,31 @@ class _BmmPattern(Kernel):
     #: The dimension broadcast_chunked slices, and its axis in the eager output.
     chunk_dim: ClassVar[str]
     chunk_axis: ClassVar[int]
-    default_config: ClassVar[dict[str, Any]] = {
-        "IMPL": "bmm",
-        "ALLOW_TF32": 0,
-        "CHUNK": 8,
-        "INPUT_PRECISION": "tf32x3",
-        "BLOCK_M": 128,
-        "BLOCK_N": 128,
-        "BLOCK_K": 32,
-        "num_warps": 8,
-        "num_stages": 3,
+    # No tf32x3 on AMD; tf32 on CDNA3 only (check_config prunes it elsewhere): the V710
+    # keeps ieee. The interpreter (cpu) gets the smallest tiles.
+    tunables: ClassVar[dict[str, Tunable]] = {
+        "IMPL": Tunable(IMPLS, default="bmm",
+                        doc="broadcast_chunked: the product and sum as written, in chunks; "
+                            "bmm: torch.matmul; triton: a batched tl.dot kernel"),
+        "CHUNK": Tunable((4, 16, 64), default=8,
+                         doc="broadcast_chunked: rows of the chunked dimension at a time"),
+        "ALLOW_TF32": Tunable((0, 1), default=0, doc="bmm: cuBLAS may use TF32"),
+        "INPUT_PRECISION": Tunable(PRECISIONS, default="tf32x3",
+                                   vendors={"amd": ("ieee", "tf32")},
+                                   hardware={"V710": ("ieee",)},
+                                   doc="triton: tl.dot's input precision (tf32x3: three tf32 "
+                                       "products, fp32-level accuracy)"),
+        "BLOCK_M": Tunable((32, 64, 128), default=128, hardware={"cpu": (32,)},
+                           doc="triton: tile rows"),
+        "BLOCK_N": Tunable((32, 64, 128, 256), default=128,
+                           hardware={"V710": (32, 64, 128), "cpu": (32,)},
+                           doc="triton: tile columns"),
+        "BLOCK_K": Tunable((16, 32, 64), default=32, hardware={"cpu": (16,)},
+                           doc="triton: reduction step"),
+        "num_warps": Tunable((4, 8), default=8, doc="triton"),
+        "num_stages": Tunable((2, 3, 4), default=3, vendors={"amd": (1, 2)}, doc="triton"),
     }
+    bench: ClassVar[tuple[BenchCase, ...]] = (BenchCase("granite4", "fp32"),)
 
     # -- the pattern (subclasses) -------------------------------------------------------
     def _operand_shapes(self, s: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -208,7 +234,10 @@ class _BmmPattern(Kernel):
             "torch.bmm tf32": lambda i, s: self.launcher(i, s, {"IMPL": "bmm", "ALLOW_TF32": 1}),
         }
 
-    def launcher(self, inputs: Inputs, shape: Shape, config: Config) -> Callable[[], Any]:
+    def _plan(self, inputs: Inputs, shape: Shape,
+              config: Config) -> tuple[Callable[[], Any], list[Launch]]:
+        """The config's forward, and its Triton launch where IMPL is triton (the other
+        IMPLs are torch calls: nothing to compile ahead)."""
         cfg = {**self.default_config, **config}
         s = self.validate_shape(shape)
         x, y = self._xy(inputs)
@@ -224,7 +253,7 @@ class _BmmPattern(Kernel):
                     out.narrow(axis, lo, hi - lo).copy_(self._broadcast(x, y, lo, hi))
                 return out
 
-            return run_chunked
+            return run_chunked, []
 
         m, n, k = self._mnk(s)
         bc, h = s["b"] * s["c"], s["h"]
@@ -243,7 +272,7 @@ class _BmmPattern(Kernel):
                     torch.backends.cuda.matmul.allow_tf32 = prev
                 return result
 
-            return run_bmm
+            return run_bmm, []
         if impl != "triton":
             raise ValueError(f"IMPL must be one of {IMPLS}, got {impl!r}")
         prec = cfg["INPUT_PRECISION"]
@@ -255,11 +284,14 @@ class _BmmPattern(Kernel):
         meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "INPUT_PRECISION": prec,
                 "num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"])}
 
+        launch = Launch(_bmm_kernel, grid, args, meta)
+        kernel = _bmm_kernel[grid]
+
         def run_triton() -> torch.Tensor:
-            _bmm_kernel[grid](*args, **meta)
+            kernel(*args, **meta)
             return result
 
-        return run_triton
+        return run_triton, [launch]
 
     def flops(self, shape: Shape) -> float:
         s = self.validate_shape(shape)
@@ -330,10 +362,10 @@ class _BmmPattern(Kernel):
         return None
 
 
+@register("mulsum_bmm")
 class MulSumBmm(_BmmPattern):
     """G = (C[:, :, :, None] * B[:, :, None]).sum(-1): bclhn,bcshn->bclsh."""
 
-    name = "mulsum_bmm"
     dims = ("b", "c", "l", "s", "h", "n")
     operands = ("C", "B")
     chunk_dim, chunk_axis = "l", 2
@@ -360,10 +392,10 @@ class MulSumBmm(_BmmPattern):
         return (x[:, :, lo:hi, None, :, :] * y[:, :, None, :, :, :]).sum(dim=-1)
 
 
+@register("mulsum_ydiag")
 class MulSumYDiag(_BmmPattern):
     """Y_diag = (M[..., None] * X[:, :, None]).sum(3): bclsh,bcshp->bclhp."""
 
-    name = "mulsum_ydiag"
     dims = ("b", "c", "l", "s", "h", "p")
     operands = ("M", "X")
     chunk_dim, chunk_axis = "l", 2
@@ -390,10 +422,10 @@ class MulSumYDiag(_BmmPattern):
         return (x[:, :, lo:hi, ..., None] * y[:, :, None]).sum(dim=3)
 
 
+@register("mulsum_states")
 class MulSumStates(_BmmPattern):
     """states = (Bd[..., None, :] * X[..., None]).sum(2): bclhn,bclhp->bchpn."""
 
-    name = "mulsum_states"
     dims = ("b", "c", "l", "h", "p", "n")
     operands = ("B_decay", "X")
     chunk_dim, chunk_axis = "p", 3
@@ -420,10 +452,10 @@ class MulSumStates(_BmmPattern):
         return (x[..., None, :] * y[..., lo:hi, None]).sum(dim=2)
 
 
+@register("mulsum_c_states")
 class MulSumCStates(_BmmPattern):
     """C_times_states = (C[..., None, :] * S[:, :, None]).sum(-1): bclhn,bchpn->bclhp."""
 
-    name = "mulsum_c_states"
     dims = ("b", "c", "l", "h", "p", "n")
     operands = ("C", "states")
     chunk_dim, chunk_axis = "l", 2
