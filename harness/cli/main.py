@@ -79,11 +79,10 @@ def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_regret(args: argparse.Namespace, console: Console, command: str) -> int:
-    from harness.measure.bench import CASES_FILE
     from harness.measure.regret import run_regret
 
     report = run_regret(args.out, args.kernel or None, command,
-                        cases_file=args.cases or CASES_FILE, siblings=args.sibling,
+                        cases_file=args.cases, siblings=args.sibling,
                         budget_s=args.budget_s, rounds=args.rounds,
                         log=lambda m: console.print(m, markup=False))
     console.print(f"bench --regret: {len(report['cases'])} cases in {report['wall_s']:.0f} s "

@@ -187,7 +187,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def run_regret(out_dir: str | Path, kernels: list[str] | None, command: str,
-               cases_file: str | Path = bench.CASES_FILE, siblings: list[str] | None = None,
+               cases_file: str | Path | None = None, siblings: list[str] | None = None,
                budget_s: float = 540.0, rounds: int = 3,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every bench case's own, sibling and default configs on this GPU; writes
