@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.search import replay as rp  # noqa: E402
+from harness.search.strategies import registry  # noqa: E402
 
-SAMPLERS = ("tpe", "random", "cmaes", "gp", "grid")
 #: Replay variants: static pruning is the harness; the others change one thing each.
 VARIANTS: dict[str, dict[str, Any]] = {
     "static-pruning": {},
@@ -391,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=str(ROOT / "benchmarks" / "replay"),
                    help="recorded tables: <data>/<HW>/*.json")
     p.add_argument("--out", default=None, help="where report.json/.md go (default: --data)")
-    p.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
+    p.add_argument("--strategies", "--samplers", dest="samplers", nargs="+",
+                   default=registry.names(), choices=registry.names(),
+                   help="registered strategies (default: all)")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--in-flight", type=int, default=2,

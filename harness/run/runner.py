@@ -27,7 +27,7 @@ from harness.kernel import api as kernel_api
 from harness.kernel.api import DeviceSpec
 from harness.measure.hardware import spec_for_key
 from harness.measure.timing import Timing
-from harness.packs import freeze
+from harness.packs import winners
 from harness.run import schedule
 from harness.search import Search, drop_studies, spaces, storage_url, warmstart
 from harness.search.write_behind import WriteBehindStorage
@@ -324,11 +324,11 @@ def _run(exp: experiment.Experiment, path: str | Path, resume: bool, console: Co
                     for st in studies}}
     _account(fleet, summary, console)
     # The packs first: MLflow's catching up and the plots come after them.
-    freeze.keep_previous_packs(exp, studies)
-    summary.packs = freeze.freeze(exp, studies, logs, summary.parent_run_id)
+    winners.keep_previous_packs(exp, studies)
+    summary.packs = winners.freeze(exp, studies, logs, summary.parent_run_id)
     summary.mark("packs_frozen")
     state_path.write_text(json.dumps({**run_state, "packs": summary.packs}))
-    summary.rows = [freeze.row(st) for st in studies]
+    summary.rows = [winners.row(st) for st in studies]
     try:
         storage.close()  # every trial in optuna.db (what --resume trusts), then in MLflow
         logs.release(storage.stored)
@@ -370,7 +370,7 @@ def _start_tracking(exp: experiment.Experiment, path: str | Path, resume: bool,
     if logged is None:
         trial_log.write_text("")
     tracker.log(summary.parent_run_id, params={"kernel": exp.kernel,
-                                               "sampler": exp.search.sampler,
+                                               "strategy": exp.search.strategy,
                                                "trials_per_study": exp.search.trials},
                 tags={"harness.missing_hardware": ",".join(summary.missing_hardware) or "-"})
     return state_path, run_state, trial_log, logged
