@@ -21,7 +21,7 @@ from harness.experiment import SearchSettings, StudySpec
 from harness.kernel import api as kernel_api
 from harness.kernel.api import DeviceSpec
 from harness.measure.timing import TrialResult
-from harness.search import spaces
+from harness.search import progress, spaces
 from harness.search.keys import config_key
 from harness.search.samplers import StrategySampler, make_pruner
 from harness.search.strategies import registry
@@ -36,25 +36,11 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 ATTR_STATUS = "status"  # measured | failed | pruned | cut | duplicate | interrupted
 ATTR_REASON = "reason"
 ATTR_RESULT = "result"
-ATTR_CHEAP_S = "cheap_s"  # device seconds of a multi-fidelity trial's cheap pass
-
-
-def result_cost_s(result: Mapping[str, Any]) -> float:
-    """Device seconds a measurement took: its first launch (compile, or a load of what
-    the compile-ahead built) and its timing; 0 where neither was recorded."""
-    total = 0.0
-    for key in ("compile_s", "timing_s"):
-        v = result.get(key)
-        if isinstance(v, int | float) and math.isfinite(v):
-            total += v
-    return total
+ATTR_CHEAP_S = progress.ATTR_CHEAP_S
 
 
 def trial_cost_s(t: optuna.trial.FrozenTrial) -> float:
-    """Device seconds a stored trial took: its measurement and, under multi-fidelity,
-    its cheap pass."""
-    return (result_cost_s(t.user_attrs.get(ATTR_RESULT) or {})
-            + (t.user_attrs.get(ATTR_CHEAP_S) or 0.0))
+    return progress.trial_cost_s(t.user_attrs)
 
 
 class Search:
@@ -304,7 +290,7 @@ class Search:
         else:
             self._seen[key] = None
             self.study.tell(trial, state=TrialState.FAIL)
-        cost = result_cost_s(result.to_dict()) + self._cheap_s.pop(key, 0.0)
+        cost = progress.result_cost_s(result.to_dict()) + self._cheap_s.pop(key, 0.0)
         self._inform(config, Outcome("measured" if result.ok else "failed",
                                      result.latency_ms if result.ok else None, cost))
 
@@ -319,7 +305,7 @@ class Search:
             self.tell(trial, config, result)
             return True
         trial.report(result.latency_ms, 0)
-        cost = result_cost_s(result.to_dict())
+        cost = progress.result_cost_s(result.to_dict())
         trial.set_user_attr(ATTR_CHEAP_S, cost)  # the trial's cost: its full pass adds to it
         self._cheap_s[config_key(config)] = cost
         if not trial.should_prune():
@@ -376,28 +362,10 @@ class Search:
                 if res.get("latency_ms") is not None}
 
     def found_at(self, config: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """How far into its search the study first measured ``config`` (its winner): the
-        GPU trial that did (1-based, in the order they were asked; measured, failed and
-        cut trials count, pruned and repeated ones cost nothing), the device seconds spent
-        up to and including it, and the search's totals. None where the search never
-        measured it (the pack's winner re-measured beside the search's best, say)."""
-        if not config:
-            return None
-        key = config_key({k: v for k, v in config.items() if k in self.space})
-        n, spent, found = 0, 0.0, None
-        for t in self.study.get_trials(deepcopy=False):
-            if t.user_attrs.get(ATTR_STATUS) not in ("measured", "failed", "cut"):
-                continue
-            n += 1
-            spent += trial_cost_s(t)
-            if found is None and t.user_attrs.get(ATTR_STATUS) == "measured" \
-                    and config_key(t.params) == key:
-                found = (n, spent)
-        if found is None:
-            return None
-        return {"trial": found[0], "trials": n, "budget": self.settings.trials,
-                "gpu_s": found[1], "search_gpu_s": spent,
-                "fraction": found[1] / spent if spent > 0 else found[0] / n}
+        """How far into its search the study first measured ``config`` (its winner):
+        ``progress.found_at``, against the study's budget."""
+        return progress.found_at(self.study.get_trials(deepcopy=False), config,
+                                 self.settings.trials)
 
     def counts(self) -> dict[str, int]:
         out = {"measured": 0, "failed": 0, "pruned": 0, "cut": 0, "duplicate": 0}
