@@ -240,8 +240,10 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
     for key, allowed in (("best_overall", HARNESS_VARIANTS), ("best_cold", COLD_VARIANTS)):
         combos = [(v, s) for v, r in results.items() if v in allowed for s in r]
         if combos:
-            v, s = min(combos, key=lambda vs: (_val(results[vs[0]][vs[1]]["median_fraction"]),
-                                               _val(results[vs[0]][vs[1]]["median_trials"])))
+            v, s = min(combos, key=lambda vs: (
+                _val(results[vs[0]][vs[1]]["median_fraction"]),
+                _val(results[vs[0]][vs[1]].get("worst_case_fraction")),
+                _val(results[vs[0]][vs[1]]["median_trials"])))
             out[key] = _best(results[v], s, v)
     return out
 
@@ -250,6 +252,7 @@ def _best(res: dict[str, Any], sampler: str, variant: str) -> dict[str, Any]:
     a = res[sampler]
     frac = _val(a["median_fraction"])
     return {"sampler": sampler, "variant": variant, "median_fraction": frac,
+            "worst_case_fraction": a.get("worst_case_fraction"),
             "median_trials": a["median_trials"], "reached": a["reached"], "runs": a["runs"],
             "goal_fraction": GOAL_FRACTION, "goal_met": frac <= GOAL_FRACTION,
             "miss": frac - GOAL_FRACTION}
@@ -401,9 +404,10 @@ def render(report: dict[str, Any]) -> str:
               f"{_f(b['median_fraction'], '.1%')} of the grid's GPU time "
               f"({b['reached']}/{b['runs']} runs reached the target).",
               "",
-              f"Best combination: **{o['sampler']} with {o['variant']}**, median "
-              f"{_f(o['median_trials'], '.1f')} trials and {_f(o['median_fraction'], '.1%')} "
-              f"of the grid's GPU time ({o['reached']}/{o['runs']} runs)."]
+              f"Best combination (ties broken by the worst case): **{o['sampler']} with "
+              f"{o['variant']}**, median {_f(o['median_trials'], '.1f')} trials and "
+              f"{_f(o['median_fraction'], '.1%')} of the grid's GPU time, worst case "
+              f"{_f(o.get('worst_case_fraction'), '.1%')} ({o['reached']}/{o['runs']} runs)."]
     goal = (f"Goal (within {tol:.0%} of the grid optimum in <= {o['goal_fraction']:.0%} of "
             "the grid's GPU time, median over cases, static pruning on): ")
     if o["goal_met"]:
@@ -419,7 +423,8 @@ def render(report: dict[str, Any]) -> str:
         lines += ["", f"Without packs to warm-start from (a kernel's first tune), the best is "
                   f"**{c['sampler']} with {c['variant']}**: median "
                   f"{_f(c['median_trials'], '.1f')} trials and "
-                  f"{_f(c['median_fraction'], '.1%')}: {state}."]
+                  f"{_f(c['median_fraction'], '.1%')} (worst case "
+                  f"{_f(c.get('worst_case_fraction'), '.1%')}): {state}."]
         over = _cases_over_goal(report, c["sampler"], c["variant"], c["goal_fraction"])
         if over:
             lines += ["", "Where it spends more than the goal (complete cases; median over "
@@ -448,6 +453,18 @@ def render(report: dict[str, Any]) -> str:
                   "replacement."]
     lines.append("")
     return "\n".join(lines)
+
+
+def _dumps(report: dict[str, Any]) -> str:
+    """report.json's text: indented, with each list of numbers on one line (the regret
+    curves would take a line per number)."""
+    import re
+
+    text = json.dumps(_jsonable(report), indent=1)
+    number = r"(?:-?[0-9.eE+-]+|null)"
+    return re.sub(rf"\[\s*{number}(?:,\s*{number})*\s*\]",
+                  lambda m: re.sub(r"\s+", " ", m.group(0)).replace("[ ", "[").replace(" ]", "]"),
+                  text) + "\n"
 
 
 def _jsonable(x: Any) -> Any:
@@ -488,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.out or args.data) / "report.json"
         report = json.loads(path.read_text())
         report.update(verdicts(report["results"]))
-        path.write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+        path.write_text(_dumps(report))
         md = render(report)
         (path.parent / "report.md").write_text(md)
         print(md)
@@ -503,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
                        args.slow_seeds, tuple(args.slow_variants))
     out = Path(args.out or args.data)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+    (out / "report.json").write_text(_dumps(report))
     md = render(report)
     (out / "report.md").write_text(md)
     print(md)

@@ -142,7 +142,7 @@ def _result(rec: Mapping[str, Any], cost_s: float, value_ms: float | None = None
     return TrialResult(ok=True, latency_ms=ms, max_abs_err=0.0, max_rel_err=0.0, **split)
 
 
-def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
+def replay(table: Table, sampler: str | Any | None = None, seed: int = 0, *,
            budget_trials: int | None = None, prune: bool = True, warm_start: bool = True,
            in_flight: int = 1, stop_at_target: bool = True, tol: float = DEFAULT_TOL,
            enqueue: Sequence[Mapping[str, Any]] = (),
@@ -150,9 +150,9 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
            max_stall: int | None = 200, fidelity: float | None = None,
            pruner: str = "threshold", prune_margin: float = 0.10,
            prune_startup: int = 4) -> Trace:
-    """Tune ``table``'s case with ``sampler``: a strategy's name (as ``search.strategy``),
-    a Strategy class, or an Optuna sampler object (its proposals repaired into the valid
-    set, as TPE's are), answering every config from the record.
+    """Tune ``table``'s case with ``sampler``: a strategy's name (as ``search.strategy``;
+    None: its default), a Strategy class, or an Optuna sampler object (its proposals
+    repaired into the valid set, as TPE's are), answering every config from the record.
 
     ``prune``: static pruning as in the harness (pruned configs are never asked for);
     without it a pruned config is launched, fails, and costs ``table.pruned_cost_s``.
@@ -185,6 +185,8 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
     n_pruned = len(table.of("pruned"))
     runnable = len(table.by_key) - (n_pruned if prune else 0)
     limit = max(1, min(budget_trials or runnable, runnable))
+    if sampler is None:
+        sampler = SearchSettings().strategy
     if isinstance(sampler, str):
         name, strategy = sampler, registry.get(sampler)
     elif isinstance(sampler, type) and issubclass(sampler, Strategy):
@@ -334,8 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.add_argument("--experiments", nargs="*", help="experiment names (default: all)")
     r = sub.add_parser("run", help="replay one strategy against a table")
     r.add_argument("table")
-    r.add_argument("--strategy", "--sampler", dest="sampler", default="tpe",
-                   help="a registered strategy (search.strategy)")
+    r.add_argument("--strategy", "--sampler", dest="sampler", default=None,
+                   help="a registered strategy (search.strategy; default: its default)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--budget", type=int, default=None, help="GPU trials at most")
     r.add_argument("--no-prune", action="store_true")
@@ -362,11 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(why)
         return 0 if done else 1
     if args.cmd == "run":
+        from harness.experiment import SearchSettings
         from harness.search.strategies import registry
 
         table = Table.load(args.table)
         try:
-            registry.get(args.sampler)
+            registry.get(args.sampler or SearchSettings().strategy)
         except registry.StrategyError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
