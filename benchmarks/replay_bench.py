@@ -22,7 +22,7 @@ grid. The saving of pruning itself is reported per case.
     python benchmarks/replay_bench.py --strategies tpe pattern --seeds 2 --out /tmp/r
 
 Writes ``report.json`` and ``report.md`` to ``--out`` (default: the data directory) and
-prints the table. Goal (issue 7): within 2 % in <= 10 % of the grid's GPU time.
+prints the table. Goal: within 2 % in <= 10 % of the grid's GPU time, median over cases.
 """
 
 from __future__ import annotations
