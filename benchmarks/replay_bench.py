@@ -1,24 +1,28 @@
-"""Replay benchmark: which sampler finds the grid's winner for the least GPU time?
+"""Replay benchmark: which search strategy finds the grid's winner for the least GPU time?
 
-Every sampler of the harness (tpe, random, cmaes, gp, grid) tunes every recorded case
-(``benchmarks/replay/<HW>/*.json``, exhaustive sweeps exported by ``harness.search.replay``)
-with several seeds, offline, paying each config's recorded GPU time (see
-``harness/search/replay.py``). Per sampler it reports the median over cases (each case's median
-over seeds) of:
+Every registered strategy (``harness.search.strategies``: tpe, random, grid, cmaes, gp,
+pattern, and any plug-in) tunes every recorded case (``benchmarks/replay/<HW>/*.json``,
+exhaustive sweeps exported by ``harness.search.replay``) with several seeds, offline,
+paying each config's recorded GPU time (see ``harness/search/replay.py``). Per strategy it
+reports the median over cases (each case's median over seeds) of:
 
 - the trials needed to come within 2 % of the grid optimum;
-- the GPU time needed for it, in seconds and as a fraction of the whole grid's GPU time.
+- the GPU time needed for it, in seconds and as a fraction of the whole grid's GPU time;
+
+the worst case (the case whose median is highest) and the worst single run, and the
+regret curve: how far the best found is from the optimum after each share of the grid's
+GPU time (median over seeds, then over cases).
 
 Two variants: ``static-pruning`` is the harness (configs that cannot run are rejected on
 the driver at no GPU cost; the grid's cost is that of the pruned grid); ``no-pruning``
 launches them too (each costs a typical measured config) and compares with the unpruned
 grid. The saving of pruning itself is reported per case.
 
-    python benchmarks/replay_bench.py                      # all cases, 5 seeds
-    python benchmarks/replay_bench.py --samplers tpe random --seeds 2 --out /tmp/r
+    python benchmarks/replay_bench.py                      # all cases, 10 seeds
+    python benchmarks/replay_bench.py --strategies tpe pattern --seeds 2 --out /tmp/r
 
 Writes ``report.json`` and ``report.md`` to ``--out`` (default: the data directory) and
-prints the table. Goal (issue 7): within 2 % in <= 10 % of the grid's GPU time.
+prints the table. Goal: within 2 % in <= 10 % of the grid's GPU time, median over cases.
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.search import replay as rp  # noqa: E402
+from harness.search.strategies import registry  # noqa: E402
 
-SAMPLERS = ("tpe", "random", "cmaes", "gp", "grid")
 #: Replay variants: static pruning is the harness; the others change one thing each.
 VARIANTS: dict[str, dict[str, Any]] = {
     "static-pruning": {},
@@ -46,7 +50,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "multi-fidelity": {"fidelity": True},
     "warm-start": {"seeded": True},
     "warm-start+multi-fidelity": {"seeded": True, "fidelity": True},
+    "warm-start-other-gpu": {"seeded": "other-gpu"},
 }
+#: Shares of the grid's GPU time at which the regret curve is read.
+CURVE_AT = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
 #: Cheap pass of multi-fidelity: do_bench at 10 ms warm-up + 10 ms rep (search.cheap_rep_ms)
 #: against the full 25 + 100 ms: 16 % of the timing; the first launch is paid once.
 FIDELITY = 20 / 125
@@ -56,17 +63,32 @@ GOAL_FRACTION = 0.10
 
 
 def _one(path: str, sampler: str, seed: int, variant: str, in_flight: int, tol: float,
-         warm_start: bool, enqueue: list[dict[str, Any]], max_stall: int) -> dict[str, Any]:
+         warm_start: bool, seeds: list[dict[str, Any]], max_stall: int) -> dict[str, Any]:
     table = rp.Table.load(path)
     v = VARIANTS[variant]
     t0 = time.perf_counter()
     trace = rp.replay(table, sampler, seed, prune=v.get("prune", True), in_flight=in_flight,
-                      tol=tol, warm_start=warm_start,
-                      enqueue=enqueue if v.get("seeded") else (),
+                      tol=tol, warm_start=warm_start, seeds=seeds,
                       fidelity=FIDELITY if v.get("fidelity") else None, max_stall=max_stall)
     out = rp.metrics(trace, table, tol)
     out["variant"] = variant
     out["wall_s"] = time.perf_counter() - t0
+    out["regret"] = regret_at(trace, out["grid_cost_s"], table.optimum_ms)
+    return out
+
+
+def regret_at(trace: rp.Trace, grid_cost_s: float, optimum_ms: float) -> list[float]:
+    """best / optimum - 1 once each share of ``CURVE_AT`` of the grid's GPU time is spent
+    (inf: nothing measured yet). A run stops at the target: later shares keep its last
+    best (within the target)."""
+    out = []
+    for share in CURVE_AT:
+        best = math.inf
+        for step in trace.steps:
+            if step.total_cost_s > share * grid_cost_s + 1e-12:
+                break
+            best = step.best_ms
+        out.append(best / optimum_ms - 1 if best < math.inf else math.inf)
     return out
 
 
@@ -93,15 +115,22 @@ def aggregate(runs: list[dict[str, Any]], cases: list[str],
             "trials": _median([_val(r["trials_to_target"]) for r in rs]),
             "cost_s": _median([_val(r["cost_to_target_s"]) for r in rs]),
             "fraction": _median([_val(r["cost_fraction"]) for r in rs]),
+            "worst_fraction": max(_val(r["cost_fraction"]) for r in rs),
             "reached": sum(r["reached"] for r in rs),
             "runs": len(rs),
             "cut": _median([r["cut"] for r in rs]),
+            "regret": [_median([r["regret"][i] for r in rs]) for i in range(len(CURVE_AT))],
         }
     pc = [per_case[c] for c in headline if c in per_case]
     return {
         "median_trials": _median([c["trials"] for c in pc]),
         "median_cost_s": _median([c["cost_s"] for c in pc]),
         "median_fraction": _median([c["fraction"] for c in pc]),
+        # The case the strategy does worst on (its median over seeds), and its worst run.
+        "worst_case_fraction": max((c["fraction"] for c in pc), default=math.nan),
+        "worst_run_fraction": max((c["worst_fraction"] for c in pc), default=math.nan),
+        "regret_curve": [[share, _median([c["regret"][i] for c in pc])]
+                         for i, share in enumerate(CURVE_AT)],
         "median_fraction_all": _median([c["fraction"] for c in per_case.values()]),
         "reached": sum(c["reached"] for c in pc),
         "runs": sum(c["runs"] for c in pc),
@@ -115,16 +144,20 @@ def aggregate(runs: list[dict[str, Any]], cases: list[str],
     }
 
 
-def donor_seeds(table: rp.Table, others: list[rp.Table]) -> list[tuple[dict[str, Any], str]]:
+def donor_seeds(table: rp.Table, others: list[rp.Table],
+                other_gpu: bool = False) -> list[tuple[dict[str, Any], str]]:
     """What the harness's warm start (``search.seed_from_packs``) would enqueue for
     ``table`` if the other recorded cases of the same kernel and dtype (other shapes,
     other hardware) were in the packs: their winners, where they are runnable points of
-    this case's grid; same hardware first, then by shape."""
+    this case's grid; same hardware first, then the same shape first. ``other_gpu``: only
+    the other GPU type's (a first tune on a new GPU from another GPU's pack)."""
     out = []
-    hw = table.data["hardware"]
-    for o in sorted(others, key=lambda o: o.data["hardware"] != hw):
+    hw, shape = table.data["hardware"], table.data["shape"]
+    for o in sorted(others, key=lambda o: (o.data["hardware"] != hw, o.data["shape"] != shape)):
         if o is table or (o.data["kernel"], o.data["dtype"]) != (table.data["kernel"],
                                                                   table.data["dtype"]):
+            continue
+        if other_gpu and o.data["hardware"] == hw:
             continue
         point = {k: o.optimum.get(k) for k in table.space}
         rec = table.lookup(point)
@@ -144,8 +177,14 @@ def run_bench(paths: list[str], samplers: list[str], seeds: int, variants: list[
     cases = [t.name for t in tables.values()]
     headline = [t.name for t in tables.values() if t.complete]
     donors = {p: donor_seeds(t, list(tables.values())) for p, t in tables.items()}
-    jobs_list = [(p, s, seed, v, in_flight, tol, warm_start, [c for c, _ in donors[p]],
-                  max_stall)
+    other = {p: donor_seeds(t, list(tables.values()), other_gpu=True)
+             for p, t in tables.items()}
+
+    def seeded(p: str, v: str) -> list[dict[str, Any]]:
+        kind = VARIANTS[v].get("seeded")
+        return [c for c, _ in (other[p] if kind == "other-gpu" else donors[p] if kind else [])]
+
+    jobs_list = [(p, s, seed, v, in_flight, tol, warm_start, seeded(p, v), max_stall)
                  for v in variants for s in samplers
                  if s not in SLOW or v in slow_variants
                  for p in paths
@@ -160,8 +199,10 @@ def run_bench(paths: list[str], samplers: list[str], seeds: int, variants: list[
                      "slow_samplers": list(SLOW), "slow_variants": list(slow_variants),
                      "variants": variants, "in_flight": in_flight, "tol": tol,
                      "warm_start": warm_start, "fidelity": FIDELITY,
-                     "max_stalled_asks": max_stall},
-        "cases": [{**rp.summary(t, tol), "donors": [w for _, w in donors[p]]}
+                     "max_stalled_asks": max_stall, "curve_at": list(CURVE_AT),
+                     "default_strategy": SearchSettings().strategy},
+        "cases": [{**rp.summary(t, tol), "donors": [w for _, w in donors[p]],
+                   "donors_other_gpu": [w for _, w in other[p]]}
                   for p, t in tables.items()],
         "headline_cases": headline,
         "results": {},
@@ -173,7 +214,8 @@ def run_bench(paths: list[str], samplers: list[str], seeds: int, variants: list[
                                   and r["variant"] == v], cases, headline)) is not None}
     main_v = "static-pruning" if "static-pruning" in variants else variants[0]
     res = out["results"][main_v]
-    ranked = sorted(res, key=lambda s: (res[s]["median_fraction"], res[s]["median_trials"]))
+    ranked = sorted(res, key=lambda s: (res[s]["median_fraction"],
+                                        res[s]["worst_case_fraction"], res[s]["median_trials"]))
     out["ranking"] = ranked
     out["best"] = _best(res, ranked[0], main_v)
     # The best of those that reached the target in every run: the safer default where
@@ -187,7 +229,7 @@ def run_bench(paths: list[str], samplers: list[str], seeds: int, variants: list[
 #: What the harness can run: static pruning always on (no-pruning is the comparison, and
 #: its fraction is of a bigger, unpruned grid), with or without warm start/multi-fidelity.
 HARNESS_VARIANTS = ("static-pruning", "multi-fidelity", "warm-start",
-                    "warm-start+multi-fidelity")
+                    "warm-start+multi-fidelity", "warm-start-other-gpu")
 #: Without packs to seed from (a kernel's first tune): no warm start.
 COLD_VARIANTS = ("static-pruning", "multi-fidelity")
 
@@ -198,8 +240,10 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
     for key, allowed in (("best_overall", HARNESS_VARIANTS), ("best_cold", COLD_VARIANTS)):
         combos = [(v, s) for v, r in results.items() if v in allowed for s in r]
         if combos:
-            v, s = min(combos, key=lambda vs: (_val(results[vs[0]][vs[1]]["median_fraction"]),
-                                               _val(results[vs[0]][vs[1]]["median_trials"])))
+            v, s = min(combos, key=lambda vs: (
+                _val(results[vs[0]][vs[1]]["median_fraction"]),
+                _val(results[vs[0]][vs[1]].get("worst_case_fraction")),
+                _val(results[vs[0]][vs[1]]["median_trials"])))
             out[key] = _best(results[v], s, v)
     return out
 
@@ -208,6 +252,7 @@ def _best(res: dict[str, Any], sampler: str, variant: str) -> dict[str, Any]:
     a = res[sampler]
     frac = _val(a["median_fraction"])
     return {"sampler": sampler, "variant": variant, "median_fraction": frac,
+            "worst_case_fraction": a.get("worst_case_fraction"),
             "median_trials": a["median_trials"], "reached": a["reached"], "runs": a["runs"],
             "goal_fraction": GOAL_FRACTION, "goal_met": frac <= GOAL_FRACTION,
             "miss": frac - GOAL_FRACTION}
@@ -230,13 +275,14 @@ def _cases_over_goal(report: dict, sampler: str, variant: str, goal: float) -> l
     return out
 
 
-def _default_ranks(res: dict) -> dict[str, tuple[int, float]]:
-    """tpe's rank (1 = best, ties share) and median fraction in each harness variant."""
+def _default_ranks(res: dict, default: str) -> dict[str, tuple[int, float]]:
+    """The default strategy's rank (1 = best, ties share) and median fraction in each
+    harness variant."""
     out = {}
     for v in HARNESS_VARIANTS:
         fr = {smp: r["median_fraction"] for smp, r in res.get(v, {}).items()}
-        if "tpe" in fr and fr["tpe"] == fr["tpe"]:
-            out[v] = (1 + sum(x < fr["tpe"] - 1e-12 for x in fr.values()), fr["tpe"])
+        if default in fr and fr[default] == fr[default]:
+            out[v] = (1 + sum(x < fr[default] - 1e-12 for x in fr.values()), fr[default])
     return out
 
 
@@ -253,6 +299,13 @@ def _cell(a: dict[str, Any] | None) -> str:
             f"({a['reached']}/{a['runs']})")
 
 
+def _worst(a: dict[str, Any] | None) -> str:
+    if a is None or "worst_case_fraction" not in a:
+        return "not run"
+    return (f"{_f(a['worst_case_fraction'], '.1%')} / "
+            f"{_f(a['worst_run_fraction'], '.1%')}")
+
+
 def render(report: dict[str, Any]) -> str:
     st = report["settings"]
     tol = st["tol"]
@@ -263,7 +316,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         "# Replay benchmark",
         "",
-        f"Samplers replayed against recorded exhaustive sweeps (`python "
+        f"Search strategies replayed against recorded exhaustive sweeps (`python "
         f"benchmarks/replay_bench.py`): {st['seeds']} seeds per case ({st['slow_seeds']} for "
         f"{', '.join(st['slow_samplers'])}, run in {', '.join(st['slow_variants'])} only), "
         f"{st['in_flight']} config(s) in flight, the kernel's default config first "
@@ -279,27 +332,49 @@ def render(report: dict[str, Any]) -> str:
         "latency drawn within the recorded p20-p80) and in full only if the threshold pruner "
         "(cheap > best x 1.1, after 4 complete trials) lets it through; **warm-start** first "
         "tries the winners of the other recorded cases of the same kernel (other shape, other "
-        "hardware: what `search.seed_from_packs` enqueues from the packs).",
+        "hardware: what `search.seed_from_packs` enqueues from the packs); "
+        "**warm-start-other-gpu** only those of the other GPU type (a first tune on a new "
+        "GPU from another GPU's pack).",
         "",
         "## Cases",
         "",
-        "| case | grid | ok / failed / pruned | optimum ms | configs within "
+        "| case | device, date | grid | ok / failed / pruned | optimum ms | configs within "
         f"{tol:.0%} | random needs (expected) | grid GPU s | pruning saves | warm start from |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in report["cases"]:
         lines.append(
-            f"| {c['case']} | {c['grid']} | {c['ok']} / {c['failed']} / {c['pruned']} | "
+            f"| {c['case']} | {c.get('device_name', '')}, {c.get('date', '')} | {c['grid']} | "
+            f"{c['ok']} / {c['failed']} / {c['pruned']} | "
             f"{c['optimum_ms']:.4g} | {c['within_tol']} | {c['random_expected_trials']:.1f} | "
             f"{c['grid_cost_s']:.1f} | {c['pruning_saving']:.0%} | "
             f"{'; '.join(c['donors']) or '-'} |")
     lines += ["", f"## Summary: trials / fraction of the grid's GPU time to {tol:.0%} "
               f"(runs that reached it), median over the {len(head)} complete cases", "",
-              "| sampler | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+              "| strategy | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
     for s in samplers:
         lines.append(f"| {s} | " + " | ".join(_cell(res[v].get(s)) for v in variants) + " |")
+    lines += ["", "Worst case over the same cases: the case's median over seeds / the worst "
+              "single run:", "",
+              "| strategy | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for s in samplers:
+        lines.append(f"| {s} | " + " | ".join(_worst(res[v].get(s)) for v in variants) + " |")
+    at = st.get("curve_at")
+    if at:
+        lines += ["", f"Regret curve ({variants[0]}): the best found / the optimum - 1 after "
+                  "each share of the grid's GPU time, median over seeds, then over the "
+                  "complete cases (a run stops within the target: later shares keep its "
+                  "best). Per case in `report.json` (`regret`).", "",
+                  "| strategy | " + " | ".join(f"{x:.0%}" for x in at) + " |",
+                  "|---|" + "---|" * len(at)]
+        for s in samplers:
+            a = res[variants[0]].get(s)
+            if a and a.get("regret_curve"):
+                lines.append(f"| {s} | " + " | ".join(
+                    _f(r, ".1%") if r != math.inf else "-" for _, r in a["regret_curve"])
+                    + " |")
     lines += ["", "Median fraction including the sub-grids of the cut sweeps:", "",
-              "| sampler | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+              "| strategy | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
     for s in samplers:
         lines.append(f"| {s} | " + " | ".join(
             _f(res[v][s]["median_fraction_all"], ".1%") if s in res[v] else "not run"
@@ -324,14 +399,15 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"| {c['case']} | " + " | ".join(cells) + " |")
     b, o = report["best"], report["best_overall"]
     lines += ["", "## Verdict", "",
-              f"Best sampler with the harness as it was (static pruning): **{b['sampler']}**, "
+              f"Best strategy with the harness as it was (static pruning): **{b['sampler']}**, "
               f"median {_f(b['median_trials'], '.1f')} trials and "
               f"{_f(b['median_fraction'], '.1%')} of the grid's GPU time "
               f"({b['reached']}/{b['runs']} runs reached the target).",
               "",
-              f"Best combination: **{o['sampler']} with {o['variant']}**, median "
-              f"{_f(o['median_trials'], '.1f')} trials and {_f(o['median_fraction'], '.1%')} "
-              f"of the grid's GPU time ({o['reached']}/{o['runs']} runs)."]
+              f"Best combination (ties broken by the worst case): **{o['sampler']} with "
+              f"{o['variant']}**, median {_f(o['median_trials'], '.1f')} trials and "
+              f"{_f(o['median_fraction'], '.1%')} of the grid's GPU time, worst case "
+              f"{_f(o.get('worst_case_fraction'), '.1%')} ({o['reached']}/{o['runs']} runs)."]
     goal = (f"Goal (within {tol:.0%} of the grid optimum in <= {o['goal_fraction']:.0%} of "
             "the grid's GPU time, median over cases, static pruning on): ")
     if o["goal_met"]:
@@ -347,23 +423,26 @@ def render(report: dict[str, Any]) -> str:
         lines += ["", f"Without packs to warm-start from (a kernel's first tune), the best is "
                   f"**{c['sampler']} with {c['variant']}**: median "
                   f"{_f(c['median_trials'], '.1f')} trials and "
-                  f"{_f(c['median_fraction'], '.1%')}: {state}."]
+                  f"{_f(c['median_fraction'], '.1%')} (worst case "
+                  f"{_f(c.get('worst_case_fraction'), '.1%')}): {state}."]
         over = _cases_over_goal(report, c["sampler"], c["variant"], c["goal_fraction"])
         if over:
             lines += ["", "Where it spends more than the goal (complete cases; median over "
                       "seeds; configs within 2 % of the optimum / runnable configs): " +
                       "; ".join(over) + ". A small grid makes each trial a large share of "
                       "its cost, and a grid with one or two configs within 2 % needs tens "
-                      "of trials from any sampler; multi-fidelity cuts the cost of the bad "
+                      "of trials from any strategy; multi-fidelity cuts the cost of the bad "
                       "configs, not the trials; warm start is what removes the trials."]
-    ranks = _default_ranks(res)
+    default = st.get("default_strategy", "tpe")
+    ranks = _default_ranks(res, default)
     if ranks:
-        lines += ["", "Default sampler (`search.sampler`): **tpe**. Its rank among the "
-                  "samplers by median fraction, per variant (1 = best, ties share a rank): " +
+        lines += ["", f"Default strategy (`search.strategy`): **{default}**. Its rank among "
+                  "the strategies by median fraction, per variant (1 = best, ties share a "
+                  "rank): " +
                   ", ".join(f"{v} {r} ({_f(x, '.1%')})" for v, (r, x) in ranks.items()) + "."]
     safe = report.get("best_always_reached")
     if safe and safe["sampler"] != b["sampler"]:
-        lines += ["", f"Best of the samplers that reached the target in every run (static "
+        lines += ["", f"Best of the strategies that reached the target in every run (static "
                   f"pruning): **{safe['sampler']}**, median "
                   f"{_f(safe['median_trials'], '.1f')} trials and "
                   f"{_f(safe['median_fraction'], '.1%')}."]
@@ -374,6 +453,18 @@ def render(report: dict[str, Any]) -> str:
                   "replacement."]
     lines.append("")
     return "\n".join(lines)
+
+
+def _dumps(report: dict[str, Any]) -> str:
+    """report.json's text: indented, with each list of numbers on one line (the regret
+    curves would take a line per number)."""
+    import re
+
+    text = json.dumps(_jsonable(report), indent=1)
+    number = r"(?:-?[0-9.eE+-]+|null)"
+    return re.sub(rf"\[\s*{number}(?:,\s*{number})*\s*\]",
+                  lambda m: re.sub(r"\s+", " ", m.group(0)).replace("[ ", "[").replace(" ]", "]"),
+                  text) + "\n"
 
 
 def _jsonable(x: Any) -> Any:
@@ -391,8 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=str(ROOT / "benchmarks" / "replay"),
                    help="recorded tables: <data>/<HW>/*.json")
     p.add_argument("--out", default=None, help="where report.json/.md go (default: --data)")
-    p.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
-    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--strategies", "--samplers", dest="samplers", nargs="+",
+                   default=registry.names(), choices=registry.names(),
+                   help="registered strategies (default: all)")
+    p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--in-flight", type=int, default=2,
                    help="configs in flight (the harness's default queue_depth on one GPU)")
@@ -412,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.out or args.data) / "report.json"
         report = json.loads(path.read_text())
         report.update(verdicts(report["results"]))
-        path.write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+        path.write_text(_dumps(report))
         md = render(report)
         (path.parent / "report.md").write_text(md)
         print(md)
@@ -427,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
                        args.slow_seeds, tuple(args.slow_variants))
     out = Path(args.out or args.data)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+    (out / "report.json").write_text(_dumps(report))
     md = render(report)
     (out / "report.md").write_text(md)
     print(md)

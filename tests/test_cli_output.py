@@ -20,7 +20,9 @@ ROW = {"hardware": "cpu", "kernel": "grouped_gemm", "shape": "M=200,N=64,K=64,E=
        "dtype": "fp16", "counts": {"measured": 4, "failed": 1, "pruned": 2},
        "params": {"BLOCK_M": 64, "GROUP_M": 4}, "config": {"BLOCK_M": 64, "GROUP_M": 4},
        "latency_ms": 1.2345, "speedup_vs_eager": 2.5, "speedup_vs_compile": 1.25,
-       "speedup_vs_default": 1.1, "roofline": 0.42, "mlflow_run_id": "abc"}
+       "speedup_vs_default": 1.1, "roofline": 0.42, "mlflow_run_id": "abc",
+       "winner_found": {"trial": 37, "trials": 120, "budget": 120, "gpu_s": 31.0,
+                        "search_gpu_s": 100.0, "fraction": 0.31}}
 URI = "postgresql://mlflow:hunter2-pw@db.internal:5432/mlflow"
 
 
@@ -82,6 +84,9 @@ def test_default_output(fake_run, capsys):
     assert "2.50×" in out and "1.25×" in out and "42%" in out and "4/1/2" in out
     assert "pack: packs/cpu/grouped_gemm.json" in out
     assert "GPU-held time by phase: timing 0.5 s, first_call 0.3 s, idle 0.2 s" in out
+    # How far into its search each winner was found, in one line for the run.
+    assert ("winners found at a median 31% of each search's device time (latest: trial 37 "
+            "of 120, 31%)") in out
     # Where the wall went: a slow start shows at a glance.
     assert "time: start 13.0 s (ray 7.2 s, workers 12.0 s), search 27.5 s, end 1.2 s" in out
     assert "postgresql://mlflow:***@db.internal:5432/mlflow" in out
@@ -111,6 +116,21 @@ def test_json(fake_run, capsys):
     assert data["mlflow_parent_run_id"] == "p123" and data["interpreted"] is True
     assert secret not in out and "hunter2-pw" not in out
     assert data["events"] == ["worker said ***"]
+    assert data["rows"][0]["winner_found"] == ROW["winner_found"]
+
+
+def test_the_winner_line_says_how_far_into_the_search_it_was_found():
+    from harness.cli.summary import winner_line
+
+    found = {"trial": 37, "trials": 120, "fraction": 0.31}
+    assert winner_line([{"winner_found": found}]) == (
+        "winner found at trial 37 of 120 (31% of the search's GPU time)")
+    rows = [{"winner_found": {**found, "fraction": f, "trial": t}}
+            for f, t in ((0.1, 3), (0.5, 40), (0.2, 9))] + [{"winner_found": None}, {}]
+    assert winner_line(rows, interpreted=True) == (
+        "winners found at a median 20% of each search's device time (latest: trial 40 of "
+        "120, 50%)")
+    assert winner_line([{"winner_found": None}]) == ""
 
 
 def test_bad_file_exit_code(tmp_path, capsys):

@@ -102,8 +102,9 @@ def test_report_html(finished, monkeypatch, capsys):
     # Pack diff: the shape this run tuned changed; the other entry is kept as it was.
     packs = text.split("<h2>Pack changes</h2>", 1)[1].split("<h2>", 1)[0]
     assert "config changed" in packs and "999" in packs and "same config" in packs
-    # Plots: history, importance and roofline for the study; MLflow read back.
-    assert text.count("data:image/png;base64,") == 3
+    # Plots: history, best found against device time, importance and roofline for the
+    # study; MLflow read back.
+    assert text.count("data:image/png;base64,") == 4
     assert "plots/roofline.png" in text and "FINISHED" in text
     # The same report from the runs directory and from the MLflow parent run id.
     parent = json.loads((tmp / "runs" / "rep" / "state.json").read_text())["parent_run_id"]
@@ -216,3 +217,10 @@ def test_accuracy_section_of_a_real_h200_minigpt_run(tmp_path):
     assert by_shape["B=32,T=512,C=768,H=8"][1]["configs"] == 0
     section = render(data).split("<h2>Accuracy</h2>", 1)[1].split("<h2>", 1)[0]
     assert "0.001 .. 0.01" in section and "PRECISION=fp16" in section
+    # The regret curve's data: device seconds spent and the best found by then, from the
+    # trials' stored results (the H200's compile and timing seconds).
+    curve = next(s for s in data["studies"] if s["shape"] == "B=128,T=512,C=768,H=8")[
+        "search_curve"]
+    spent, best = [p[0] for p in curve], [p[1] for p in curve]
+    assert len(curve) > 5 and spent == sorted(spent) and spent[-1] > 0
+    assert best == sorted(best, reverse=True)

@@ -69,7 +69,7 @@ def _space_hardware(kernel: str) -> list[str]:
     return list(dict.fromkeys([*HARDWARE, *(raw.get("hardware") or {})]))
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "pattern"])
 @pytest.mark.parametrize("hw", ["H200", "cpu"])
 def test_grouped_gemm_space_yields_at_most_two_asks_per_valid_config(hw: str,
                                                                       sampler: str) -> None:
@@ -86,12 +86,13 @@ def test_grouped_gemm_space_yields_at_most_two_asks_per_valid_config(hw: str,
 @pytest.mark.slow
 def test_every_shipped_space_yields_at_most_two_asks_per_measured_config(capsys) -> None:
     """Every kernel family, its shipped space for each hardware key, at its named shapes,
-    tuned by TPE, random search and the grid: the asks per measured config (printed)."""
+    tuned by TPE, random search, the grid and pattern: the asks per measured config
+    (printed)."""
     rows, worst = [], 0.0
     for kernel in kernel_api.builtin_names():
         for hw in _space_hardware(kernel):
             for shape_name, shape in _shapes(kernel, hw).items():
-                for sampler in ("tpe", "random", "grid"):
+                for sampler in ("tpe", "random", "grid", "pattern"):
                     search = _study(kernel, hw, shape, sampler, trials=10)
                     asks, measured = _tune(search)
                     ratio = asks / measured if measured else float("nan")
@@ -172,7 +173,7 @@ def test_a_space_without_a_valid_config_says_why_and_asks_nothing() -> None:
     assert s.attr("stopped") == s.no_valid
 
 
-@pytest.mark.parametrize("sampler", ["random", "grid", "tpe"])
+@pytest.mark.parametrize("sampler", ["random", "grid", "tpe", "pattern"])
 def test_a_large_sparse_space_is_used_up_and_one_without_valid_configs_says_so(
         sampler: str) -> None:
     """A space too large to check in full (6^5 configs): three valid ones are measured,

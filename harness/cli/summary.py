@@ -93,6 +93,27 @@ def print_configs(out: Console, rows: list[dict[str, Any]]) -> None:
         out.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def winner_line(rows: list[dict[str, Any]], interpreted: bool = False) -> str:
+    """How far into its search each winner was found (``winner_found``), in one line: the
+    study's own numbers where there is one, else the median share of each search's GPU
+    time and the latest find; "" where no winner was found by a search."""
+    found = [r["winner_found"] for r in rows if r.get("winner_found")]
+    if not found:
+        return ""
+    time = "device time" if interpreted else "GPU time"
+    if len(found) == 1:
+        f = found[0]
+        return (f"winner found at trial {f['trial']} of {f['trials']} "
+                f"({f['fraction']:.0%} of the search's {time})")
+    fractions = sorted(f["fraction"] for f in found)
+    mid = len(fractions) // 2
+    median = (fractions[mid] if len(fractions) % 2
+              else (fractions[mid - 1] + fractions[mid]) / 2)
+    last = max(found, key=lambda f: f["fraction"])
+    return (f"winners found at a median {median:.0%} of each search's {time} (latest: "
+            f"trial {last['trial']} of {last['trials']}, {last['fraction']:.0%})")
+
+
 def timeline_line(timeline: Mapping[str, float]) -> str:
     """Where the wall time went, in one line: the start (command to the first trial,
     with when Ray was up and the workers ready), the search (first trial to the last
@@ -154,6 +175,11 @@ def _experiment(out: Console, summary: Any, quiet: bool) -> None:
         print_configs(out, summary.rows)
     for p in summary.packs:
         out.print(f"pack: {p}", markup=False, highlight=False, soft_wrap=True)
+    if quiet:
+        return
+    line = winner_line(summary.rows, summary.interpreted)
+    if line:
+        out.print(line, markup=False, highlight=False)
 
 
 def _fleet(out: Console, summary: Any) -> None:

@@ -14,7 +14,6 @@ from harness.experiment.lock import RunLock, lock_run_dir
 from harness.experiment.plan import StudySpec, plan
 from harness.experiment.preflight import preflight
 from harness.experiment.schema import (
-    SAMPLERS,
     BaselineSettings,
     Experiment,
     ExperimentError,
@@ -28,7 +27,7 @@ from harness.experiment.schema import (
 from harness.experiment.uris import uri_problem
 
 __all__ = [
-    "MAX_BYTES", "SAMPLERS", "BaselineSettings", "Experiment", "ExperimentError",
+    "MAX_BYTES", "BaselineSettings", "Experiment", "ExperimentError",
     "FleetSettings", "OutputSettings", "RunLock", "SearchSettings", "SearchSpace", "StudySpec",
     "TimingSettings", "TrackingSettings", "check_semantics", "expand", "is_campaign", "load",
     "load_all", "lock_run_dir", "plan", "preflight", "uri_problem",

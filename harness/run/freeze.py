@@ -121,6 +121,7 @@ def row(st: Any) -> dict[str, Any]:
         row["config"], metrics = out
         row["params"] = st.final[0] if st.final else st.search.best()[0]  # type: ignore[index]
         row.update(metrics)
+        row["winner_found"] = st.search.found_at(row["params"])
         if st.final:
             row["winner_reason"] = st.final[1]
             # Every candidate's re-measurements, in round order: why this one won.

@@ -166,7 +166,7 @@ def start_tracking(m: Member, campaign: Sequence[str] = ()) -> None:
     if m.logged is None:
         m.trial_log.write_text("")
     tracker.log(summary.parent_run_id, params={"kernel": exp.kernel,
-                                               "sampler": exp.search.sampler,
+                                               "strategy": exp.search.strategy,
                                                "trials_per_study": exp.search.trials},
                 tags={"harness.missing_hardware": ",".join(summary.missing_hardware) or "-"})
 

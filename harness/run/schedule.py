@@ -11,7 +11,6 @@ precedence over search work, so that the last studies do not end in a long tail.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,14 +28,14 @@ from harness.kernel.api import DeviceSpec
 from harness.measure.hardware import spec_for_key
 from harness.measure.timing import TrialResult
 from harness.run import remeasure
-from harness.search import Search, grid_order, spaces, warmstart
+from harness.search import Search, ValidSpace, spaces, warmstart
+from harness.search.strategies import registry as strategies
+from harness.search.strategies.base import Setup
 
 #: The most configs a new worker is given to compile while it starts (``known_configs``):
 #: the first of a larger grid, in the order they will be asked for. Well under what the
 #: compile-ahead keeps track of (``Precompiler.MAX_PENDING``), which forgets the oldest.
 MAX_KNOWN = 512
-#: Grid positions ``known_configs`` checks at most (a large space, valid configs sparse).
-MAX_GRID_SCAN = 20_000
 
 
 @dataclass
@@ -93,30 +92,31 @@ def known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
                    path: str | Path) -> list[dict[str, Any]]:
     """The configs a study is known to measure before its search starts: the kernel's
     default (a baseline), the packs' winners it starts from (``search.seed_from_packs``)
-    and, for a grid, its first ``trials`` configs that pass static pruning on the
-    hardware key's static spec, in the grid's order (the worker's own device prunes
-    again; a config compiled ahead in vain costs a compile child's time, not the GPU's)."""
+    and the first ``trials`` configs its strategy asks whatever the results
+    (``Strategy.ahead``: a grid's order), where they pass static pruning on the hardware
+    key's static spec (the worker's own device prunes again; a config compiled ahead in
+    vain costs a compile child's time, not the GPU's)."""
     fam = kernel_api.get(spec.kernel)
     device = spec_for_key(spec.hardware)
     space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], device.vendor,
                            spec.hardware, where=str(path))
     # The search asks first for the configs it enqueues (the winners of packs), then
-    # for the grid in its sampler's order: compiled in that order, what is timed first
-    # is compiled first.
+    # for what its strategy chooses: compiled in that order, what is timed first is
+    # compiled first.
     out = [dict(fam.default_config)]
     if exp.search.seed_from_packs:
         out += [dict(c) for c, _ in warmstart.seeds_from_packs(
             exp.output.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
-    if exp.search.sampler != "grid":
-        return out  # the sampler's choices are not known ahead
-    grid = 0  # the grid walks the valid configs in its order: these come first
-    for config in itertools.islice(grid_order(space, exp.seed), MAX_GRID_SCAN):
-        if len(out) >= MAX_KNOWN or grid >= exp.search.trials:
-            break
-        if fam.check_config({**fam.default_config, **config}, spec.shape, device) is None:
-            out.append(config)
-            grid += 1
-    return out
+    n = min(MAX_KNOWN - len(out), exp.search.trials)
+    if n <= 0:
+        return out
+    # Checked lazily (exact_limit=0): as many configs as the strategy walks past, no more.
+    valid = ValidSpace(space, lambda c: fam.check_config({**fam.default_config, **c},
+                                                         spec.shape, device),
+                       exp.seed, exact_limit=0)
+    strategy = strategies.get(exp.search.strategy)(
+        Setup(valid, exp.seed, exp.search.trials, parallel=1))
+    return out + [valid.config(p) for p in strategy.ahead(n)]
 
 
 def study_task(st: StudyState, hw: str, searching: bool = True) -> Task | None:

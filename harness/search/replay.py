@@ -1,7 +1,7 @@
-"""Replay: run a tuning sampler against a recorded exhaustive sweep, without a GPU.
+"""Replay: run a search strategy against a recorded exhaustive sweep, without a GPU.
 
 :func:`replay` tunes a recorded case (``tables.Table``) through the search's own
-``Search``: the same samplers, drawing from the same valid set (here: the configs the
+``Search``: the same strategies, drawing from the same valid set (here: the configs the
 sweep measured, less those it pruned), the same ask / tell, duplicate and multi-fidelity
 rules, on an in-memory study. Each measurement is answered from the record: a failed
 config costs its recorded time, a measured one returns its recorded median. The trace
@@ -14,7 +14,7 @@ Command line::
 
     python -m harness.search.replay export --storage sqlite:///runs/EXP/optuna.db --out DIR
     python -m harness.search.replay export-all --runs runs --out benchmarks/replay
-    python -m harness.search.replay run TABLE.json --sampler tpe --seed 0
+    python -m harness.search.replay run TABLE.json --strategy tpe --seed 0
     python -m harness.search.replay summary benchmarks/replay
     python -m harness.search.replay check configs/sweeps/X.yaml   # exit 0: already recorded
 """
@@ -129,25 +129,30 @@ def _check(table: Table, prune: bool) -> Any:
     return check
 
 
-def _result(rec: Mapping[str, Any], value_ms: float | None = None) -> Any:
+def _result(rec: Mapping[str, Any], cost_s: float, value_ms: float | None = None,
+            compile_s: float = 0.0) -> Any:
+    """The recorded measurement as a worker returns it, costing ``cost_s`` device seconds
+    (``compile_s`` of them its first launch)."""
     from harness.measure.timing import TrialResult
 
+    split = {"compile_s": compile_s, "timing_s": cost_s - compile_s}
     if rec["status"] != "ok":
-        return TrialResult(ok=False, reason=rec.get("reason") or rec["status"])
+        return TrialResult(ok=False, reason=rec.get("reason") or rec["status"], **split)
     ms = rec["median_ms"] if value_ms is None else value_ms
-    return TrialResult(ok=True, latency_ms=ms, max_abs_err=0.0, max_rel_err=0.0)
+    return TrialResult(ok=True, latency_ms=ms, max_abs_err=0.0, max_rel_err=0.0, **split)
 
 
-def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
+def replay(table: Table, sampler: str | Any | None = None, seed: int = 0, *,
            budget_trials: int | None = None, prune: bool = True, warm_start: bool = True,
            in_flight: int = 1, stop_at_target: bool = True, tol: float = DEFAULT_TOL,
-           enqueue: Sequence[Mapping[str, Any]] = (), max_asks: int | None = None,
+           enqueue: Sequence[Mapping[str, Any]] = (),
+           seeds: Sequence[Mapping[str, Any]] = (), max_asks: int | None = None,
            max_stall: int | None = 200, fidelity: float | None = None,
            pruner: str = "threshold", prune_margin: float = 0.10,
            prune_startup: int = 4) -> Trace:
-    """Tune ``table``'s case with ``sampler`` (a name, as ``search.sampler``, or an Optuna
-    sampler, whose proposals are repaired into the valid set as TPE's are), answering
-    every config from the record.
+    """Tune ``table``'s case with ``sampler``: a strategy's name (as ``search.strategy``;
+    None: its default), a Strategy class, or an Optuna sampler object (its proposals
+    repaired into the valid set, as TPE's are), answering every config from the record.
 
     ``prune``: static pruning as in the harness (pruned configs are never asked for);
     without it a pruned config is launched, fails, and costs ``table.pruned_cost_s``.
@@ -155,7 +160,11 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
     ``in_flight``: configs asked before the oldest one's result is told (the harness keeps
     ``queue_depth`` per GPU in flight; TPE then runs with a constant liar).
     ``stop_at_target``: stop once the best is within ``tol`` of the grid optimum.
-    ``enqueue``: configs to try first, in order (after the default config).
+    ``enqueue``: configs to try first, in order (after the default config), whatever they
+    are (pruned, repeated).
+    ``seeds``: what the warm start from packs gives a study (``search.seed_from_packs``):
+    the valid ones tried first (after the default config) and given to the strategy as
+    its ``starts``.
     ``max_asks``: the harness's own limit (20 asks per budgeted trial plus the grid).
     ``max_stall``: stop after this many asks in a row that brought no new config (None:
     no such stop).
@@ -168,28 +177,38 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
     import optuna
 
     from harness.experiment import SearchSettings
-    from harness.search.samplers import ValidSampler
+    from harness.search.strategies import registry
+    from harness.search.strategies.base import Strategy
+    from harness.search.strategies.optuna_family import OptunaStrategy
     from harness.search.study import ATTR_REASON, ATTR_STATUS, Search
 
     n_pruned = len(table.of("pruned"))
     runnable = len(table.by_key) - (n_pruned if prune else 0)
     limit = max(1, min(budget_trials or runnable, runnable))
-    name = sampler if isinstance(sampler, str) else type(sampler).__name__
+    if sampler is None:
+        sampler = SearchSettings().strategy
+    if isinstance(sampler, str):
+        name, strategy = sampler, registry.get(sampler)
+    elif isinstance(sampler, type) and issubclass(sampler, Strategy):
+        name, strategy = sampler.name or sampler.__name__, sampler
+    else:  # an Optuna sampler object
+        name = type(sampler).__name__
+
+        def strategy(setup: Any, base: Any = sampler) -> Any:
+            return OptunaStrategy.wrapping(base, setup)
     settings = SearchSettings(
-        sampler=name if isinstance(sampler, str) else "tpe", trials=limit,
-        warm_start=warm_start, seed_from_packs=False, pruner=pruner if fidelity else "none",
-        prune_margin=prune_margin, prune_startup_trials=prune_startup,
+        trials=limit, warm_start=warm_start, seed_from_packs=False,
+        pruner=pruner if fidelity else "none", prune_margin=prune_margin,
+        prune_startup_trials=prune_startup,
         max_stalled_asks=max_stall if max_stall is not None else 10**9)
     search = Search(_case_spec(table), table.space, None, settings,  # type: ignore[arg-type]
                     optuna.storages.InMemoryStorage(), seed, n_parallel=in_flight,
+                    seeds=[(dict(c), "replay") for c in seeds],
                     check=_check(table, prune),
-                    default_config=table.data.get("default_config") or {})
-    if not isinstance(sampler, str):
-        search.study.sampler = ValidSampler(search.valid, "repair", seed, sampler)
+                    default_config=table.data.get("default_config") or {},
+                    strategy=strategy, max_asks=max_asks)
     for cfg in enqueue:
-        search.study.enqueue_trial(dict(cfg))
-    if max_asks is not None:
-        search._asks_left = max_asks
+        search.enqueue(cfg)
     target = table.optimum_ms * (1 + tol)
 
     trace = Trace(table.name, name, seed, prune, fidelity=fidelity)
@@ -211,9 +230,11 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
         trial, config, rec = pending.popleft()
         ok = rec["status"] == "ok"
         cost = rec["cost_s"] if rec["status"] != "pruned" else table.pruned_cost_s
+        first = min(rec.get("compile_s") or 0.0, cost)  # the first launch's share
         if ok and fidelity:
             cheap_ms, cheap_s = cheap_pass(rec, fidelity, seed)
-            if search.cheap(trial, config, _result(rec, cheap_ms)):
+            if search.cheap(trial, config, _result(rec, cheap_s, cheap_ms,
+                                                   min(first, cheap_s))):
                 total += cheap_s
                 trace.cut += 1
                 trace.steps.append(Step(len(trace.steps) + 1, search.asks, config, "cut",
@@ -222,8 +243,10 @@ def replay(table: Table, sampler: str | Any = "tpe", seed: int = 0, *,
             # Timed in full after the cheap pass (compiled already): the cheap timing is
             # what multi-fidelity adds to the recorded cost.
             cost += cheap_s - (rec.get("compile_s") or 0.0)
+            first = 0.0
         total += cost
-        search.tell(trial, config, _result(rec))
+        search.tell(trial, config, _result(rec, cost - (cheap_s if ok and fidelity else 0.0),
+                                           compile_s=first))
         value = rec["median_ms"] if ok else None
         if ok:
             best = min(best, value)
@@ -311,9 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.add_argument("--runs", default="runs")
     a.add_argument("--out", required=True)
     a.add_argument("--experiments", nargs="*", help="experiment names (default: all)")
-    r = sub.add_parser("run", help="replay one sampler against a table")
+    r = sub.add_parser("run", help="replay one strategy against a table")
     r.add_argument("table")
-    r.add_argument("--sampler", default="tpe")
+    r.add_argument("--strategy", "--sampler", dest="sampler", default=None,
+                   help="a registered strategy (search.strategy; default: its default)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--budget", type=int, default=None, help="GPU trials at most")
     r.add_argument("--no-prune", action="store_true")
@@ -340,7 +364,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(why)
         return 0 if done else 1
     if args.cmd == "run":
+        from harness.experiment import SearchSettings
+        from harness.search.strategies import registry
+
         table = Table.load(args.table)
+        try:
+            registry.get(args.sampler or SearchSettings().strategy)
+        except registry.StrategyError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         trace = replay(table, args.sampler, args.seed, budget_trials=args.budget,
                        prune=not args.no_prune, in_flight=args.in_flight, tol=args.tol)
         print(json.dumps(metrics(trace, table, args.tol), indent=1))

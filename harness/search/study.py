@@ -1,8 +1,9 @@
 """A study: one Optuna study for one (kernel, shape, dtype, hardware).
 
-It asks for configs (valid ones: its sampler draws from the space's valid set), answers
-repeated configs from what was already measured, tells results back, and on resume
-finishes or queues again what a stopped driver left running. It never touches a GPU.
+It asks its search strategy for configs (valid ones: ``harness.search.strategies``),
+answers repeated configs from what was already measured, tells results back to the study
+and the strategy, and on resume finishes or queues again what a stopped driver left
+running. It never touches a GPU.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from harness.experiment import SearchSettings, StudySpec
 from harness.kernel import api as kernel_api
 from harness.kernel.api import DeviceSpec
 from harness.measure.timing import TrialResult
-from harness.search import spaces
+from harness.search import progress, spaces
 from harness.search.keys import config_key
-from harness.search.samplers import ValidSampler, make_pruner, make_sampler
+from harness.search.samplers import StrategySampler, make_pruner
+from harness.search.strategies import registry
+from harness.search.strategies.base import Outcome, Setup, Strategy
 from harness.search.valid import ValidSpace
 from harness.tracking.jsonsafe import json_safe
 
@@ -33,6 +36,11 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 ATTR_STATUS = "status"  # measured | failed | pruned | cut | duplicate | interrupted
 ATTR_REASON = "reason"
 ATTR_RESULT = "result"
+ATTR_CHEAP_S = progress.ATTR_CHEAP_S
+
+
+def trial_cost_s(t: optuna.trial.FrozenTrial) -> float:
+    return progress.trial_cost_s(t.user_attrs)
 
 
 class Search:
@@ -43,10 +51,15 @@ class Search:
                  seed: int, n_parallel: int,
                  seeds: Sequence[tuple[dict[str, Any], str]] = (),
                  check: Callable[[Mapping[str, Any]], str | None] | None = None,
-                 default_config: Mapping[str, Any] | None = None):
+                 default_config: Mapping[str, Any] | None = None,
+                 strategy: Callable[[Setup], Strategy] | None = None,
+                 max_asks: int | None = None):
         """``check`` (config -> why it cannot run, or None) defaults to the kernel's
         ``check_config`` at the study's shape on ``device``; ``default_config`` (the warm
-        start's first config and the base of every checked config) to the kernel's."""
+        start's first config and the base of every checked config) to the kernel's;
+        ``strategy`` (a Strategy class, or any callable of a Setup) to the one
+        ``settings.strategy`` names; ``max_asks`` (configs asked of the strategy at most,
+        pruned and repeated ones included) to 20 per budgeted trial plus the grid."""
         self.spec = spec
         self.space = space
         self.device = device
@@ -57,29 +70,47 @@ class Search:
                                    else default_config)
         self._check = check or self._kernel_check
         self.valid = ValidSpace(space, self._check, seed)
+        self._seeds = list(seeds)  # (config, where it won) enqueued on a fresh study
+        self.strategy = (strategy or registry.get(settings.strategy))(
+            self._setup(seed, n_parallel))
         self.study = optuna.create_study(
             study_name=spec.name,
             storage=storage,
             direction="minimize",
-            sampler=make_sampler(settings, self.valid, seed, n_parallel),
+            sampler=StrategySampler(self.strategy, self.valid),
             pruner=make_pruner(settings),
             load_if_exists=True,
         )
         #: The configs there are to measure: the valid ones where known, else the grid.
         self.grid = self.valid.count if self.valid.count is not None else spaces.grid_size(space)
         self._seen: dict[str, float | None] = {}  # config -> latency (None = failed)
-        self._asks_left = 20 * settings.trials + self.grid
+        self._asks_left = (max_asks if max_asks is not None
+                           else 20 * settings.trials + self.grid)
         self.asks = 0  # configs asked of the sampler by this object
         self._pruned: set[str] = set()  # distinct configs rejected by static pruning
+        self._cheap_s: dict[str, float] = {}  # config -> its cheap pass's device seconds
         self._stall = 0  # asks in a row that brought no new config
         self.stalled = False
         self.exhausted = False  # the sampler found no valid untried config
         #: Why the study has nothing to measure (every config of its space is pruned).
         self.no_valid: str | None = self.valid.empty_reason
-        self._seeds = list(seeds)  # (config, where it won) enqueued on a fresh study
         self._resume()
         if self.no_valid:
             self.study.set_user_attr("stopped", self.no_valid)
+
+    def _setup(self, seed: int, n_parallel: int) -> Setup:
+        def point(config: Mapping[str, Any]) -> Any:
+            return self.valid.index(config) if self._valid_point(config) else None
+
+        default = point({k: v for k, v in self.default_config.items() if k in self.space})
+        starts = tuple(p for p in (point(c) for c, _ in self._seeds) if p is not None)
+        return Setup(self.valid, seed, self.settings.trials, n_parallel, default, starts)
+
+    def _inform(self, config: Mapping[str, Any], outcome: Outcome) -> None:
+        """Tell the strategy what became of a config (asked by it or not)."""
+        point = self.valid.index(config)
+        if point is not None:
+            self.strategy.tell(point, outcome)
 
     def _kernel_check(self, config: Mapping[str, Any]) -> str | None:
         return self.kernel.check_config({**self.default_config, **config}, self.spec.shape,
@@ -97,12 +128,18 @@ class Search:
             if t.state == TrialState.RUNNING:
                 t = self._finish_left_running(t)
             key = config_key(t.params)
+            status = t.user_attrs.get(ATTR_STATUS)
             if t.state == TrialState.COMPLETE:
                 self._seen[key] = t.value
-            elif t.state == TrialState.FAIL and t.user_attrs.get(ATTR_STATUS) == "failed":
+                if status == "measured":  # the strategy learns the past (not repeats)
+                    self._inform(t.params, Outcome("measured", t.value, trial_cost_s(t)))
+            elif t.state == TrialState.FAIL and status == "failed":
                 self._seen[key] = None
-            elif t.state == TrialState.PRUNED and t.user_attrs.get(ATTR_STATUS) == "cut":
+                self._inform(t.params, Outcome("failed", None, trial_cost_s(t)))
+            elif t.state == TrialState.PRUNED and status == "cut":
                 self._seen[key] = math.inf  # stopped after its cheap pass: measured
+                self._inform(t.params, Outcome("cut", t.user_attrs.get("cheap_ms"),
+                                               trial_cost_s(t)))
             elif t.state == TrialState.PRUNED:
                 self._pruned.add(key)
         if fresh and self.settings.warm_start:
@@ -110,12 +147,19 @@ class Search:
             # Only enqueue the default where it is a valid point of this space.
             if self._valid_point(default):
                 self.study.enqueue_trial(default)
+        if fresh:
+            self.study.set_user_attr("strategy", self.strategy.name
+                                     or type(self.strategy).__name__)
         if fresh and self._seeds:
             for config, _ in self._seeds:
                 if self._valid_point(config):
                     self.study.enqueue_trial(dict(config), skip_if_exists=True)
             self.study.set_user_attr("warm_start_seeds",
                                      [{"config": c, "from": w} for c, w in self._seeds])
+
+    def enqueue(self, config: Mapping[str, Any]) -> None:
+        """Have ``config`` asked next (after what is already queued), whatever it is."""
+        self.study.enqueue_trial(dict(config))
 
     def _valid_point(self, config: Mapping[str, Any]) -> bool:
         idx = self.valid.index(config) if set(config) == set(self.space) else None
@@ -183,15 +227,20 @@ class Search:
                 break
             trial = self.study.ask()
             self.asks += 1
+            sampler = self.study.sampler
+            if isinstance(sampler, StrategySampler):
+                _ = trial.relative_params  # the strategy's ask (Optuna's is lazy)
+                if sampler.exhausted_at == trial.number:
+                    # No valid untried config is left (a large space: none was found).
+                    self.exhausted = True
+                    if self.measured == 0:
+                        self.no_valid = self.valid.why_none_found()
+                        self.study.set_user_attr("stopped", self.no_valid)
+                    trial.set_user_attr(ATTR_REASON, "the strategy has no config left")
+                    self.study.tell(trial, state=TrialState.FAIL)
+                    break
             config = {name: trial.suggest_categorical(name, choices)
                       for name, choices in self.space.items()}
-            sampler = self.study.sampler
-            if isinstance(sampler, ValidSampler) and sampler.exhausted_at == trial.number:
-                # No valid untried config is left (a large space: none was found).
-                self.exhausted = True
-                if self.measured == 0:
-                    self.no_valid = self.valid.why_none_found()
-                    self.study.set_user_attr("stopped", self.no_valid)
             idx = self.valid.index(config)
             reason = self.valid.reason(idx) if idx is not None else self._check(config)
             if reason:
@@ -241,6 +290,9 @@ class Search:
         else:
             self._seen[key] = None
             self.study.tell(trial, state=TrialState.FAIL)
+        cost = progress.result_cost_s(result.to_dict()) + self._cheap_s.pop(key, 0.0)
+        self._inform(config, Outcome("measured" if result.ok else "failed",
+                                     result.latency_ms if result.ok else None, cost))
 
     def cheap(self, trial: optuna.trial.Trial, config: Mapping[str, Any],
               result: TrialResult) -> bool:
@@ -253,6 +305,9 @@ class Search:
             self.tell(trial, config, result)
             return True
         trial.report(result.latency_ms, 0)
+        cost = progress.result_cost_s(result.to_dict())
+        trial.set_user_attr(ATTR_CHEAP_S, cost)  # the trial's cost: its full pass adds to it
+        self._cheap_s[config_key(config)] = cost
         if not trial.should_prune():
             return False
         trial.set_user_attr(ATTR_STATUS, "cut")
@@ -261,6 +316,7 @@ class Search:
         trial.set_user_attr("cheap_ms", result.latency_ms)
         self._seen[config_key(config)] = math.inf
         self.study.tell(trial, state=TrialState.PRUNED)
+        self._inform(config, Outcome("cut", result.latency_ms, cost))
         return True
 
     def _require_accuracy(self, result: TrialResult) -> TrialResult:
@@ -304,6 +360,12 @@ class Search:
         """Config key -> measured latency, for every measured config."""
         return {config_key(cfg): res["latency_ms"] for cfg, res in self.top(10**9)
                 if res.get("latency_ms") is not None}
+
+    def found_at(self, config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """How far into its search the study first measured ``config`` (its winner):
+        ``progress.found_at``, against the study's budget."""
+        return progress.found_at(self.study.get_trials(deepcopy=False), config,
+                                 self.settings.trials)
 
     def counts(self) -> dict[str, int]:
         out = {"measured": 0, "failed": 0, "pruned": 0, "cut": 0, "duplicate": 0}

@@ -19,10 +19,8 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Any
-
-import numpy as np
 
 Space = dict[str, list[Any]]
 Check = Callable[[Mapping[str, Any]], "str | None"]
@@ -109,6 +107,12 @@ class ValidSpace:
     def config(self, idx: Index) -> dict[str, Any]:
         return {n: c[i] for n, c, i in zip(self.names, self.choices, idx, strict=True)}
 
+    def is_point(self, idx: Any) -> bool:
+        """Whether ``idx`` is a point of the grid (one choice index per parameter)."""
+        return (isinstance(idx, tuple | list) and len(idx) == len(self.radix)
+                and all(isinstance(i, int) and 0 <= i < r
+                        for i, r in zip(idx, self.radix, strict=True)))
+
     def index(self, config: Mapping[str, Any]) -> Index | None:
         """The config's point of the grid; None for a config outside the space."""
         try:
@@ -152,7 +156,7 @@ class ValidSpace:
                 + "; ".join(parts))
 
     # -- drawing ---------------------------------------------------------------------
-    def next_in_grid(self, seen: set[Index]) -> Index | None:
+    def next_in_grid(self, seen: Set[Index]) -> Index | None:
         """The first valid, untried config in grid order (None: none left)."""
         if self.exact:
             return next((idx for idx in self.valid if idx not in seen), None)
@@ -164,11 +168,13 @@ class ValidSpace:
             self._walk_pos += 1
         return None
 
-    def sample(self, rng: random.Random, seen: set[Index]) -> Index | None:
+    def sample(self, rng: random.Random, seen: Set[Index]) -> Index | None:
         """A valid, untried config drawn uniformly (None: none left, or none found)."""
         if self.exact:
             left = [idx for idx in self.valid if idx not in seen]
             return rng.choice(left) if left else None
+        import numpy as np  # here: the schema reaches this module through the strategies
+
         gen = np.random.default_rng(rng.getrandbits(64))
         for _ in range(MAX_DRAWS // _BATCH):
             for row in gen.integers(0, self.radix, size=(_BATCH, len(self.radix))).tolist():
@@ -178,7 +184,7 @@ class ValidSpace:
         return self.next_in_grid(seen)  # valid configs are rare: walk to one
 
     def nearest(self, proposal: Mapping[str, Any], rng: random.Random,
-                seen: set[Index]) -> Index | None:
+                seen: Set[Index]) -> Index | None:
         """The valid, untried config nearest ``proposal`` (fewest parameters changed;
         ties drawn at random): a sampler's wish repaired into the valid set."""
         idx = self.index(proposal)

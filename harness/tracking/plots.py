@@ -1,6 +1,7 @@
-"""A study's plots, drawn from its Optuna storage: the optimisation history, the
-parameter importances and the roofline. The MLflow study runs carry them as PNG
-artifacts (``tracker``) and the HTML report embeds them (``report``).
+"""A study's plots, drawn from its Optuna storage: the optimisation history, the best
+found against the device time spent, the parameter importances and the roofline. The
+MLflow study runs carry them as PNG artifacts (``tracker``) and the HTML report embeds
+them (``report``).
 
 matplotlib and Optuna's plotting code are imported on first use (1-2 s).
 """
@@ -11,7 +12,9 @@ import io
 import math
 from typing import Any
 
-ATTR_STATUS, ATTR_RESULT = "status", "result"  # as in harness.search (not imported: no Ray)
+from harness.search import progress
+
+ATTR_STATUS, ATTR_RESULT = progress.ATTR_STATUS, progress.ATTR_RESULT
 
 
 def _pyplot():
@@ -58,6 +61,28 @@ def history_png(study, title: str) -> bytes | None:
     ax = plot_optimization_history(study, target_name="latency (ms)")
     ax.set_title(f"history: {title}", fontsize=9)
     return _png(ax.figure)
+
+
+def search_curve(study) -> list[list[float]]:
+    """[device seconds spent, best latency (ms) by then] per device trial from the first
+    measured one: the study's regret curve (its strategy: the study's ``strategy``)."""
+    return [[spent, best] for _, spent, best in progress.curve(study.get_trials(deepcopy=False))
+            if best < math.inf]
+
+
+def progress_png(study, title: str) -> bytes | None:
+    """The best latency found against the device seconds spent."""
+    points = search_curve(study)
+    if not points:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ax.step([p[0] for p in points], [p[1] for p in points], where="post", color="#4878d0")
+    ax.set_xlabel("device seconds spent by the search")
+    ax.set_ylabel("best latency (ms)")
+    strategy = study.user_attrs.get("strategy")
+    ax.set_title(f"best found: {title}" + (f" ({strategy})" if strategy else ""), fontsize=9)
+    return _png(fig)
 
 
 def importance_png(study, title: str) -> bytes | None:
@@ -120,8 +145,8 @@ def warm_imports() -> None:
 def study_plots(study, title: str) -> dict[str, bytes]:
     """name -> PNG for the plots that can be drawn for this study."""
     out = {}
-    for name, fn in (("history", history_png), ("importance", importance_png),
-                     ("roofline", roofline_png)):
+    for name, fn in (("history", history_png), ("progress", progress_png),
+                     ("importance", importance_png), ("roofline", roofline_png)):
         png = fn(study, title)
         if png:
             out[name] = png

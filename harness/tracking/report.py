@@ -23,7 +23,14 @@ from typing import Any
 
 import jinja2
 
-from harness.tracking.plots import ATTR_RESULT, ATTR_STATUS, measured, num, study_plots
+from harness.tracking.plots import (
+    ATTR_RESULT,
+    ATTR_STATUS,
+    measured,
+    num,
+    search_curve,
+    study_plots,
+)
 from harness.tracking.redact import redact
 from harness.tracking.tracker import find_parent, read_runs
 from harness.tracking.tracker import tracking_uri as default_uri
@@ -147,7 +154,9 @@ def collect(run_dir: Path, tracking_uri: str | None = None,
         row = {**info, "study": s.study_name, "counts": counts, "failures": reasons[:5],
                "config": dict(best.params) if best else None, "result": res,
                "baselines": base, "mlflow_run_id": attrs.get("mlflow_run_id"),
-               "accuracy": accuracy_bands(study.get_trials(deepcopy=False))}
+               "accuracy": accuracy_bands(study.get_trials(deepcopy=False)),
+               # The regret curve's data: [device seconds spent, best ms] per trial.
+               "strategy": attrs.get("strategy"), "search_curve": search_curve(study)}
         row.update({f"speedup_vs_{k}": _speedup(v, res.get("latency_ms"))
                     for k, v in base.items()})
         if with_plots:
