@@ -74,3 +74,20 @@ def test_every_builtin_kernel_has_a_current_tunables_table() -> None:
         text = page.read_text()
         assert docs.render(text) == text, f"{page} is stale: run python -m harness.kernel.docs"
     assert docs.main(["--check"]) == 0
+
+
+def test_a_new_kernel_page_needs_no_nav_line(tmp_path: Path) -> None:
+    """A family's docs page joins the "Kernel families" section by itself (infra/docs_hooks.py)."""
+    import shutil
+
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    (tmp_path / "infra").mkdir()
+    shutil.copy(ROOT / "infra" / "docs_hooks.py", tmp_path / "infra")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path)
+    (tmp_path / "docs" / "kernels" / "zz_new_family.md").write_text("# A new family\n\nText.\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+         str(tmp_path / "site")], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    page = tmp_path / "site" / "kernels" / "zz_new_family" / "index.html"
+    assert page.is_file() and "A new family" in (tmp_path / "site" / "index.html").read_text()
