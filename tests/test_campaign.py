@@ -214,7 +214,7 @@ def test_two_experiments_tuning_one_pack_entry_are_named():
     def member(name: str, **fields: Any) -> Member:
         exp = experiment.Experiment.model_validate(_exp(name, **fields))
         m = Member(f"{name}.yaml", exp, False, Summary(), None)  # type: ignore[arg-type]
-        m.planned = experiment.plan(exp, ["cpu"])
+        m.plan = experiment.ExperimentPlan.checked(m.path, exp).for_hardware(["cpu"])
         return m
 
     shared = {"packs_dir": "packs", "runs_dir": "runs"}
@@ -231,11 +231,11 @@ def test_a_study_s_tasks_carry_its_experiment_s_budgets():
     from harness.search import Search
 
     exp = experiment.Experiment.model_validate(_exp("b"))
-    spec = experiment.plan(exp, ["cpu"])[0]
+    (study,) = experiment.ExperimentPlan.checked("b.yaml", exp).for_hardware(["cpu"]).studies
+    spec = study.spec
     search = Search(spec, {"SLEEP_MS": [0, 1]}, spec_for_key("H100"), exp.search,
                     optuna.storages.InMemoryStorage(), seed=0, n_parallel=1)
-    st = schedule.StudyState(spec, search, "r", spec_for_key("H100"), {},
-                             timing={"rep_ms": 100.0})
+    st = schedule.StudyState(study, search, "r", {}, timing={"rep_ms": 100.0})
     task = schedule.study_task(st, "cpu")
     assert task is not None and task.args[5] == {"rep_ms": 100.0}
     tasks = schedule.remeasure_tasks(exp, SimpleStudy(spec), st.timing)

@@ -204,13 +204,14 @@ def test_baselines_come_after_the_search_in_its_final_rounds(tmp_path):
     assert run.want_compile(exp, dataclasses.replace(gpu, interpreted=True)) is False
     off = exp.model_copy(update={"baselines": experiment.BaselineSettings(compile=False)})
     assert run.want_compile(off, gpu) is False
-    spec = experiment.plan(exp, ["H100"])[0]
+    (study,) = experiment.ExperimentPlan.checked("x.yaml", exp).for_hardware(["H100"]).studies
+    assert study.device == gpu
     attrs: dict = {}
     top = [({"BLOCK_M": 64}, {"latency_ms": 1.0}),
            ({"BLOCK_M": 128, "BLOCK_N": 64}, {"latency_ms": 1.1})]
     search = SimpleNamespace(ask=lambda: None, best=lambda: top[0], space={"BLOCK_M": [64, 128]},
                              top=lambda k: top[:k], set_attr=attrs.__setitem__)
-    st = schedule.StudyState(spec, search, "r", gpu, {}, want_compile=True)
+    st = schedule.StudyState(study, search, "r", {}, want_compile=True)
     assert schedule.study_task(st, "H100") is None  # the search hands out trials only
     schedule.start_remeasure(exp, st)
     assert st.phase == "remeasure" and set(st.baselines) == {"eager", "compile"}

@@ -93,14 +93,16 @@ def test_device_of_a_study() -> None:
             "has_tma": False, "interpreted": True}
     # A simulated V710 node: the worker runs the interpreter, the study prunes and picks
     # its space as for a V710 (AMD).
-    dev = _device_from_info({**base, "worker_hardware": "V710"})
+    dev = _device_from_info({**base, "worker_hardware": "V710"}, spec_for_key("V710"))
     assert dev.vendor == "amd" and dev.key == "V710" and dev.interpreted
     assert dev.smem_per_block == spec_for_key("V710").smem_per_block
-    assert _device_from_info({**base, "worker_hardware": "H100"}).vendor == "nvidia"
-    assert _device_from_info({**base, "worker_hardware": "cpu"}).vendor == "cpu"
+    assert _device_from_info({**base, "worker_hardware": "H100"},
+                             spec_for_key("H100")).vendor == "nvidia"
+    assert _device_from_info({**base, "worker_hardware": "cpu"},
+                             spec_for_key("cpu")).vendor == "cpu"
     real = {**base, "worker_hardware": "H200", "vendor": "nvidia", "device_name": "NVIDIA H200",
             "sm_count": 132, "smem_per_block": 232448, "has_tma": True, "interpreted": False}
-    dev = _device_from_info(real)
+    dev = _device_from_info(real, spec_for_key("H200"))
     assert (dev.name, dev.sm_count, dev.interpreted) == ("NVIDIA H200", 132, False)
 
 
@@ -284,9 +286,12 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
     path = Path(__file__).resolve().parents[1] / "configs" / "matmul_grid216.yaml"
     packs = tmp_path / "packs"
     exp = experiment.load(path, [f"output.packs_dir={packs}"])
-    spec = experiment.plan(exp, ["H200"])[0]
+    def study(exp: experiment.Experiment) -> experiment.StudyPlan:
+        return experiment.ExperimentPlan.checked(path, exp).for_hardware(["H200"]).studies[0]
+
+    spec = study(exp).spec
     fam = kernel_api.get("matmul")
-    known = _known_configs(exp, spec, path)
+    known = _known_configs(study(exp))
     assert known[0] == fam.default_config
     space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], "nvidia", "H200")
     grid = [dict(zip(space, values, strict=True))
@@ -308,10 +313,10 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
         search.tell(trial, config, TrialResult(ok=True, latency_ms=1.0))
     assert asked == known[1:21]
     exp2 = experiment.load(path, [f"output.packs_dir={packs}", "search.sampler=tpe"])
-    assert _known_configs(exp2, experiment.plan(exp2, ["H200"])[0], path) == known[:1]
+    assert _known_configs(study(exp2)) == known[:1]
     # A grid's budget below its size: its first configs in the grid's order.
     exp2 = experiment.load(path, [f"output.packs_dir={packs}", "search.trials=100"])
-    assert _known_configs(exp2, experiment.plan(exp2, ["H200"])[0], path) == known[:101]
+    assert _known_configs(study(exp2)) == known[:101]
     # A pack's winner for this shape is enqueued first by the search: compiled first too.
     from harness.packs import format as packfmt
 
@@ -319,13 +324,13 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
     packfmt.freeze(packs, "H200", "matmul", "bf16", {fam.shape_key(spec.shape): {
         "config": {**fam.default_config, **seed}, "metrics": {"latency_ms": 1.0},
         "provenance": {}}})
-    with_seed = _known_configs(exp, spec, path)
+    with_seed = _known_configs(study(exp))
     assert with_seed[1] == {k: seed[k] for k in space} and len(with_seed) == len(known) + 1
     # A large grid: its first configs in the order they will be asked, up to the cap.
     import harness.run.schedule as hschedule
 
     monkeypatch.setattr(hschedule, "MAX_KNOWN", 12)
-    capped = _known_configs(exp, spec, path)
+    capped = _known_configs(study(exp))
     assert len(capped) == 12 and capped[2:] == known[1:11]
 
 

@@ -52,15 +52,20 @@ def test_the_whole_budget_is_handed_out_before_any_result_comes_back():
     """A worker's queue holds several trials: the scheduler asks for the budget's last
     configs while the first ones are still in flight, so the GPU never waits on the
     driver at the end of a study (in-flight configs count once against the budget)."""
+    from harness import experiment
     from harness.measure.hardware import spec_for_key as hw
     from harness.run import schedule
 
-    spec = StudySpec("t", "grouped_gemm", SHAPE, "bf16", "H100")
+    exp = experiment.Experiment(name="t", kernel="grouped_gemm", shapes=[SHAPE],
+                                dtypes=["bf16"])
+    planned = experiment.ExperimentPlan.checked("t.yaml", exp).for_hardware(["H100"])
+    (study,) = planned.studies
+    spec = study.spec
     space = {"BLOCK_M": [64, 128], "BLOCK_N": [128], "BLOCK_K": [64], "num_stages": [3, 4]}
     search = Search(spec, space, hw("H100"),
                     SearchSettings(sampler="grid", trials=4, warm_start=False),
                     optuna.storages.InMemoryStorage(), seed=0, n_parallel=4)
-    st = schedule.StudyState(spec, search, "r", hw("H100"), {}, eager={"latency_ms": 1.0},
+    st = schedule.StudyState(study, search, "r", {}, eager={"latency_ms": 1.0},
                              default={"latency_ms": 1.0})
     tasks = [schedule.study_task(st, "H100") for _ in range(4)]
     assert all(t is not None and t.tag[0] == "trial" for t in tasks), tasks

@@ -1,10 +1,12 @@
 """The checks of an experiment that need its kernel family: the kernel resolves, each
 shape is one of the family's and fits the target devices' memory, the dtypes are the
 family's, and the search space names only the family's tunables, with values of their
-types, and leaves something to tune."""
+types, and leaves something to tune. What they resolve (the family, the spaces of the
+target hardware keys) is returned, for the run's plan (``harness.experiment.plan``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,16 @@ from harness.search import spaces
 
 #: Where the studies of ``hardware: [auto]`` may run: the vendors' spaces are checked.
 _AUTO_TARGETS = (("nvidia", "?"), ("amd", "?"), ("cpu", "cpu"))
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the checks resolved: the kernel family, and the search space of each
+    (vendor, hardware key) they checked (the plan takes them instead of resolving
+    them again)."""
+
+    family: kernel_api.Kernel
+    resolved: dict[tuple[str, str], spaces.Space] = field(default_factory=dict)
 
 
 def _gb(n: float) -> str:
@@ -62,7 +74,8 @@ def _check_memory(path: Path, exp: Experiment, kernel: kernel_api.Kernel, i: int
                     f"of {key}" + ("" if keys else " (the largest device known, for 'auto')"))
 
 
-def _check_space(path: Path, exp: Experiment, kernel: kernel_api.Kernel) -> None:
+def _check_space(path: Path, exp: Experiment, kernel: kernel_api.Kernel
+                 ) -> dict[tuple[str, str], spaces.Space]:
     raw = exp.search_space
     sections: list[tuple[str, dict[str, Any]]] = [("search_space.params", raw.get("params") or {})]
     for group in ("vendors", "hardware"):
@@ -80,6 +93,7 @@ def _check_space(path: Path, exp: Experiment, kernel: kernel_api.Kernel) -> None
                     raise ExperimentError(path, f"{where}.{name}[{j}]", why)
     keys = [k for k in exp.hardware if k != "auto"]
     targets = [(hardware.vendor_of(k), k) for k in keys] or list(_AUTO_TARGETS)
+    out: dict[tuple[str, str], spaces.Space] = {}
     for vendor, key in targets:
         try:
             space = spaces.resolve([spaces.for_kernel(kernel), raw], vendor, key,
@@ -90,12 +104,16 @@ def _check_space(path: Path, exp: Experiment, kernel: kernel_api.Kernel) -> None
             on = f"on {key}" if key != "?" else f"on {vendor} GPUs"
             raise ExperimentError(path, "search_space", f"nothing to tune {on}: every tunable "
                                   f"of {kernel.name} was removed (null) or none is declared")
+        out[(vendor, key)] = space
+    return out
 
 
-def check_semantics(path: str | Path, exp: Experiment) -> None:
-    """Checks that need the kernel family: it resolves, shapes fit, dtypes and space."""
+def check_semantics(path: str | Path, exp: Experiment,
+                    family: kernel_api.Kernel | None = None) -> Checked:
+    """Checks that need the kernel family: it resolves, shapes fit, dtypes and space.
+    ``family``: the one ``exp.kernel`` names, where the caller resolved it already."""
     path = Path(path)
-    kernel = _kernel(path, exp.kernel)
+    kernel = family if family is not None else _kernel(path, exp.kernel)
     for i, shape in enumerate(exp.shapes):
         try:
             kernel.validate_shape(shape)
@@ -108,5 +126,5 @@ def check_semantics(path: str | Path, exp: Experiment) -> None:
         if dt not in kernel.dtypes:
             raise ExperimentError(path, f"dtypes[{i}]",
                                   f"{kernel.name} supports {list(kernel.dtypes)}")
-    _check_space(path, exp, kernel)
+    return Checked(kernel, _check_space(path, exp, kernel))
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import experiment
-from harness.kernel import api as kernel_api
 from harness.packs import format as packfmt
 from harness.tracking.tracker import git_sha
 
@@ -49,7 +48,7 @@ def outcome(st: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
                  "remeasure_min_ms": winner.lo, "remeasure_max_ms": winner.hi,
                  "remeasure_spread": winner.spread, "remeasure_rounds": len(winner.samples),
                  "remeasure_candidates": len(st.candidates)}
-    fam = kernel_api.get(st.spec.kernel)
+    fam = st.family
     default_res = st.default or {}
     eager_ms = (st.eager or {}).get("latency_ms")
     compile_ms = (st.compiled or {}).get("latency_ms")
@@ -80,13 +79,13 @@ def freeze(exp: experiment.Experiment, studies: list[Any], tracker: Any,
             continue
         config, metrics = out
         w = st.worker
-        fam = kernel_api.get(st.spec.kernel)
+        fam = st.family
         tol = fam.tolerance(st.spec.dtype, config)
         # The bound the entry met: the family's tolerance, and the experiment's own where set.
         bound = {"atol": tol.atol, "rtol": tol.rtol, **{
             k: getattr(exp.search, k) for k in ("max_abs_err", "max_rel_err")
             if getattr(exp.search, k) is not None}}
-        groups.setdefault((st.spec.hardware, st.spec.kernel, st.spec.dtype), {})[
+        groups.setdefault((st.spec.hardware, fam.name, st.spec.dtype), {})[
             st.spec.shape_key] = {
             "config": config,
             "metrics": metrics,
@@ -102,8 +101,7 @@ def freeze(exp: experiment.Experiment, studies: list[Any], tracker: Any,
         tracker.log(st.run_id, params={**{f"best.{k}": v for k, v in config.items()}, **why},
                     metrics={f"best_{k}": v for k, v in metrics.items()})
     paths = []
-    for (hw, kernel, dtype), entries in groups.items():
-        name = kernel_api.get(kernel).name
+    for (hw, name, dtype), entries in groups.items():
         paths.append(str(packfmt.freeze(exp.output.packs_dir, hw, name, dtype, entries)))
     return sorted(set(paths))
 
@@ -143,8 +141,8 @@ def keep_previous_packs(exp: experiment.Experiment, studies: list[Any]) -> None:
     dest_root = previous_packs_dir(exp)
     if dest_root.exists():
         shutil.rmtree(dest_root)
-    for hw, kernel in {(st.spec.hardware, st.spec.kernel) for st in studies}:
-        src = packfmt.pack_path(exp.output.packs_dir, hw, kernel_api.get(kernel).name)
+    for hw, name in {(st.spec.hardware, st.family.name) for st in studies}:
+        src = packfmt.pack_path(exp.output.packs_dir, hw, name)
         if src.is_file():
             dest = dest_root / hw / src.name
             dest.parent.mkdir(parents=True, exist_ok=True)

@@ -21,13 +21,11 @@ from rich.console import Console
 
 from harness import experiment
 from harness.fleet import Fleet, Task
-from harness.kernel import api as kernel_api
 from harness.kernel.api import DeviceSpec
-from harness.measure.hardware import spec_for_key
 from harness.measure.timing import TrialResult
 from harness.run import schedule
 from harness.run.results import Summary, fleet_metrics
-from harness.search import Search, spaces, warmstart
+from harness.search import Search, warmstart
 from harness.search.write_behind import WriteBehindStorage
 from harness.tracking import run_logging
 from harness.tracking.redact import redact
@@ -40,8 +38,9 @@ MAX_TAG = 5000
 
 @dataclass
 class Member:
-    """One experiment of a run and the state the run keeps of it. The tracker, logger,
-    storage and files are set as the run reaches them (``execute``)."""
+    """One experiment of a run and the state the run keeps of it. Its plan, tracker,
+    logger, storage and files are set as the run reaches them (``execute``): the plan
+    once its file is checked, and again with its studies once its hardware is known."""
 
     path: str | Path
     exp: experiment.Experiment
@@ -49,7 +48,7 @@ class Member:
     summary: Summary
     lock: experiment.RunLock
     targets: list[str] = field(default_factory=list)  # its hardware keys in the cluster
-    planned: list[experiment.StudySpec] = field(default_factory=list)
+    plan: experiment.ExperimentPlan | None = None
     skipped: bool = False  # none of its hardware is in the cluster (or started)
     studies: list[schedule.StudyState] = field(default_factory=list)
     run_state: dict[str, Any] = field(default_factory=dict)
@@ -68,6 +67,11 @@ class Member:
     @property
     def mlflow_experiment(self) -> str:
         return self.exp.tracking.experiment or self.exp.name
+
+    @property
+    def planned(self) -> list[experiment.StudySpec]:
+        """Its planned studies (none before its hardware is known, or without any)."""
+        return self.plan.specs if self.plan is not None else []
 
 
 def shared_fleet(exps: Sequence[experiment.Experiment]) -> experiment.FleetSettings:
@@ -117,13 +121,14 @@ def overlaps(members: Sequence[Member]) -> list[str]:
     return out
 
 
-def device_from_info(info: dict[str, Any]) -> DeviceSpec:
+def device_from_info(info: dict[str, Any], static: DeviceSpec) -> DeviceSpec:
     """The study's device: what the worker sees, or, for a worker that runs the
     interpreter on a node standing in for a GPU type (a simulated cluster), that type's
-    static spec, so that the study prunes and picks its vendor's space as on the GPU."""
+    static spec (``static``: the plan's), so that the study prunes and picks its
+    vendor's space as on the GPU."""
     key = info["worker_hardware"]
     if info["interpreted"] and key != "cpu":
-        return dataclasses.replace(spec_for_key(key), interpreted=True)
+        return dataclasses.replace(static, interpreted=True)
     return DeviceSpec(key=key, vendor=info["vendor"],
                       name=info["device_name"], sm_count=info["sm_count"],
                       smem_per_block=info["smem_per_block"], has_tma=info["has_tma"],
@@ -171,20 +176,18 @@ def start_tracking(m: Member, campaign: Sequence[str] = ()) -> None:
                 tags={"harness.missing_hardware": ",".join(summary.missing_hardware) or "-"})
 
 
-def study(m: Member, spec: experiment.StudySpec, worker: dict[str, Any],
+def study(m: Member, planned: experiment.StudyPlan, worker: dict[str, Any],
           fleet: Fleet) -> schedule.StudyState:
-    """One study set up: its space on the device its workers see, its Optuna study
+    """One study set up from its plan on the device its workers see: its Optuna study
     (seeded from the packs), its MLflow run, its baselines from an earlier run."""
     exp, tracker = m.exp, m.tracker
-    device = device_from_info(worker)
-    fam = kernel_api.get(spec.kernel)
-    space = spaces.resolve([spaces.for_kernel(fam), exp.search_space],
-                           device.vendor, spec.hardware, where=str(m.path))
-    seeds = (warmstart.seeds_from_packs(exp.output.packs_dir, fam, spec.dtype,
+    spec, device, fam, space = planned.spec, planned.device, planned.family, planned.space
+    seeds = (warmstart.seeds_from_packs(planned.packs_dir, fam, spec.dtype,
                                         spec.hardware, spec.shape, space, device)
-             if exp.search.seed_from_packs and not m.resume else [])
-    search = Search(spec, space, device, exp.search, m.storage, exp.seed,
-                    n_parallel=fleet.depth(spec.hardware), seeds=seeds)
+             if planned.search.seed_from_packs and not m.resume else [])
+    search = Search(spec, space, device, planned.search, m.storage, planned.seed,
+                    n_parallel=fleet.depth(spec.hardware), seeds=seeds,
+                    check=planned.check, default_config=planned.default_config)
     run_id = tracker.start_run(
         f"{spec.kernel} {spec.shape_key} {spec.dtype} {spec.hardware}",
         {"harness.level": "study", "hardware": spec.hardware, "kernel": spec.kernel,
@@ -193,7 +196,7 @@ def study(m: Member, spec: experiment.StudySpec, worker: dict[str, Any],
          "git_sha": git_sha()},
         parent=m.summary.parent_run_id, resume=search.attr("mlflow_run_id"))
     search.set_attr("mlflow_run_id", run_id)
-    st = schedule.StudyState(spec, search, run_id, device, worker,
+    st = schedule.StudyState(planned, search, run_id, worker,
                              eager=search.attr("eager"), default=search.attr("default"),
                              compiled=search.attr("compile"),
                              want_compile=want_compile(exp, device),

@@ -24,7 +24,7 @@ from rich.markup import escape
 from harness import experiment
 from harness.fleet import Fleet, NoHardwareError
 from harness.fleet import code_version as fleet_code_version
-from harness.kernel import api as kernel_api
+from harness.kernel.api import Kernel
 from harness.measure.timing import Timing
 from harness.run import freeze, schedule
 from harness.run import members as mem
@@ -146,7 +146,7 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
     fleet = Fleet(Timing(timing.warmup_ms, timing.rep_ms), mem.trial_timeout_s(exps),
                   queue_depth=fs.queue_depth, compile_workers=fs.compile_workers,
                   max_retries=fs.max_retries, start_timeout_s=fs.start_timeout_s,
-                  keep_s=keep_s, version=_code_version(exps) if keep_s else "",
+                  keep_s=keep_s, version=_code_version(members) if keep_s else "",
                   compile_timeout_s=fs.compile_timeout_s)
     stopping: list[threading.Thread] = []
 
@@ -241,19 +241,20 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     """The run's steps once Ray is up; ``release`` gives the GPUs back and stops a Ray
     this run started."""
     targets, available = _targets(members, fs, fleet, console)
-    for m in members:
-        m.planned = experiment.plan(m.exp, m.targets)
+    for m in members:  # each study's device spec and space, resolved once for the run
+        m.plan = _plan(m).for_hardware(m.targets)
     for line in mem.overlaps(members):
         console.print(f"[yellow]{escape(line)}[/]")
     by_name = {m.name: m for m in members}
     # Each key's first study and the configs it is known to measure: prepared and
     # compiled while the workers start.
     first = {}
-    for hw, spec in schedule.first_studies([s for m in members for s in m.planned]).items():
-        owner = by_name[spec.experiment]
-        if not owner.resume:
+    for hw, planned in schedule.first_studies(
+            [s for m in members for s in _plan(m).studies]).items():
+        spec = planned.spec
+        if not by_name[spec.experiment].resume:
             first[hw] = (spec.kernel, spec.shape, spec.dtype, 0,
-                         schedule.known_configs(owner.exp, spec, owner.path))
+                         schedule.known_configs(planned))
     fleet.launch({k: available[k] for k in targets}, first=first or None)
     # MLflow and Optuna start up while the workers do (each takes seconds).
     procs = bookkeeping_processes(fs, targets)
@@ -289,9 +290,9 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         m.storage = storages[m.name]
         m.summary.interpreted = any(i["interpreted"] for k in m.targets for i in infos[k])
         mem.start_tracking(m, campaign)
-        # The studies, on the hardware that started.
-        m.studies = [mem.study(m, spec, infos[spec.hardware][0], fleet)
-                     for spec in experiment.plan(m.exp, m.targets)]
+        # The studies, on the hardware that started, as its workers see it.
+        m.studies = [_study(m, planned, infos[planned.spec.hardware][0], fleet)
+                     for planned in _plan(m).studies if planned.spec.hardware in m.targets]
         if m.resume:
             mem.report_resume(m, console)
 
@@ -390,7 +391,22 @@ def _own_timeline(m: Member, began: float | None, t0: float) -> dict[str, float]
     return out
 
 
-def _code_version(exps: Sequence[experiment.Experiment]) -> str:
+def _plan(m: Member) -> experiment.ExperimentPlan:
+    """The member's plan (made as its file was checked: ``_check``)."""
+    if m.plan is None:
+        raise RuntimeError(f"experiment {m.name} was not planned")
+    return m.plan
+
+
+def _study(m: Member, planned: experiment.StudyPlan, worker: dict[str, Any],
+           fleet: Fleet) -> schedule.StudyState:
+    """One study set up, on the device its worker reports (the plan's static spec
+    stands in for a GPU type the worker simulates)."""
+    device = mem.device_from_info(worker, planned.device)
+    return mem.study(m, _plan(m).on(planned, device), worker, fleet)
+
+
+def _code_version(members: Sequence[Member]) -> str:
     """The code a kept worker must have imported to serve this run: the harness, the
     shipped kernels and each experiment's kernel family's own file."""
     import inspect
@@ -399,17 +415,21 @@ def _code_version(exps: Sequence[experiment.Experiment]) -> str:
     import kernels
 
     paths = [Path(harness.__file__).parent, Path(kernels.__file__).parent]
-    for kernel in dict.fromkeys(e.kernel for e in exps):
+    families = {m.exp.kernel: _plan(m).family for m in members}
+    for family in families.values():
         try:
-            paths.append(Path(inspect.getfile(type(kernel_api.get(kernel)))))
+            paths.append(Path(inspect.getfile(type(family))))
         except (TypeError, OSError):  # defined where inspect cannot find a file
             pass
     return fleet_code_version(paths)
 
 
 def _check(members: list[Member], summary: Summary) -> None:
+    """Each file's checks that import its kernel family, and its plan: each kernel
+    name resolved once for the whole run."""
+    families: dict[str, Kernel] = {}
     for m in members:
-        experiment.check_semantics(m.path, m.exp)
+        m.plan = experiment.ExperimentPlan.checked(m.path, m.exp, families)
     summary.mark("validated")
 
 

@@ -15,7 +15,6 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -23,12 +22,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness import experiment
 from harness.fleet import Fleet, Task
-from harness.kernel import api as kernel_api
-from harness.kernel.api import DeviceSpec
-from harness.measure.hardware import spec_for_key
+from harness.kernel.api import DeviceSpec, Kernel
 from harness.measure.timing import TrialResult
 from harness.run import remeasure
-from harness.search import Search, ValidSpace, spaces, warmstart
+from harness.search import Search, warmstart
 from harness.search.strategies import registry as strategies
 from harness.search.strategies.base import Setup
 
@@ -44,12 +41,12 @@ class StudyState:
     the finalists re-measured in interleaved rounds and, in the same rounds, the
     baselines (PyTorch eager, torch.compile, and the kernel's default config where the
     search did not measure it), so that the first trial never waits behind a baseline
-    and every speed-up compares measurements taken side by side."""
+    and every speed-up compares measurements taken side by side. ``plan``: the study
+    as the run planned it, on the device its workers report."""
 
-    spec: experiment.StudySpec
+    plan: experiment.StudyPlan
     search: Search
     run_id: str
-    device: DeviceSpec
     worker: dict[str, Any]
     in_flight: int = 0
     eager: dict[str, Any] | None = None  # the PyTorch eager baseline's result
@@ -79,43 +76,50 @@ class StudyState:
     #: (a campaign's experiments share one fleet), sent with each of its tasks
     timing: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def spec(self) -> experiment.StudySpec:
+        return self.plan.spec
 
-def first_studies(specs: list[experiment.StudySpec]) -> dict[str, experiment.StudySpec]:
+    @property
+    def device(self) -> DeviceSpec:
+        return self.plan.device
+
+    @property
+    def family(self) -> Kernel:
+        return self.plan.family
+
+
+def first_studies(studies: list[experiment.StudyPlan]) -> dict[str, experiment.StudyPlan]:
     """Each hardware key's first study: the one its workers start on."""
-    out: dict[str, experiment.StudySpec] = {}
-    for spec in specs:
-        out.setdefault(spec.hardware, spec)
+    out: dict[str, experiment.StudyPlan] = {}
+    for study in studies:
+        out.setdefault(study.spec.hardware, study)
     return out
 
 
-def known_configs(exp: experiment.Experiment, spec: experiment.StudySpec,
-                   path: str | Path) -> list[dict[str, Any]]:
+def known_configs(study: experiment.StudyPlan) -> list[dict[str, Any]]:
     """The configs a study is known to measure before its search starts: the kernel's
     default (a baseline), the packs' winners it starts from (``search.seed_from_packs``)
     and the first ``trials`` configs its strategy asks whatever the results
     (``Strategy.ahead``: a grid's order), where they pass static pruning on the hardware
     key's static spec (the worker's own device prunes again; a config compiled ahead in
     vain costs a compile child's time, not the GPU's)."""
-    fam = kernel_api.get(spec.kernel)
-    device = spec_for_key(spec.hardware)
-    space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], device.vendor,
-                           spec.hardware, where=str(path))
+    fam, spec, device, settings = study.family, study.spec, study.device, study.search
+    space = study.space
     # The search asks first for the configs it enqueues (the winners of packs), then
     # for what its strategy chooses: compiled in that order, what is timed first is
     # compiled first.
     out = [dict(fam.default_config)]
-    if exp.search.seed_from_packs:
+    if settings.seed_from_packs:
         out += [dict(c) for c, _ in warmstart.seeds_from_packs(
-            exp.output.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
-    n = min(MAX_KNOWN - len(out), exp.search.trials)
+            study.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
+    n = min(MAX_KNOWN - len(out), settings.trials)
     if n <= 0:
         return out
     # Checked lazily (exact_limit=0): as many configs as the strategy walks past, no more.
-    valid = ValidSpace(space, lambda c: fam.check_config({**fam.default_config, **c},
-                                                         spec.shape, device),
-                       exp.seed, exact_limit=0)
-    strategy = strategies.get(exp.search.strategy)(
-        Setup(valid, exp.seed, exp.search.trials, parallel=1))
+    valid = study.valid(exact_limit=0)
+    strategy = strategies.get(settings.strategy)(
+        Setup(valid, study.seed, settings.trials, parallel=1))
     return out + [valid.config(p) for p in strategy.ahead(n)]
 
 
@@ -182,8 +186,7 @@ def remeasure_tasks(exp: experiment.Experiment, st: Any,
     return out
 
 
-def incumbent(exp: experiment.Experiment, st: StudyState,
-              top: list[tuple[dict[str, Any], dict[str, Any]]]
+def incumbent(st: StudyState, top: list[tuple[dict[str, Any], dict[str, Any]]]
               ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The pack's current winner for the study's shape, as the study measured it (its
     trial's config and result), where the search found it within
@@ -191,8 +194,8 @@ def incumbent(exp: experiment.Experiment, st: StudyState,
     narrower space, or a sampler that did not draw it), the pack's config with no
     result, so that it is re-measured beside the top configs all the same and a search
     cannot replace it unseen; None where there is none, or it cannot run here."""
-    fam = kernel_api.get(st.spec.kernel)
-    held = warmstart.incumbent(exp.output.packs_dir, fam, st.spec.dtype, st.spec.hardware,
+    fam = st.family
+    held = warmstart.incumbent(st.plan.packs_dir, fam, st.spec.dtype, st.spec.hardware,
                                st.spec.shape)
     if held is None:
         return None
@@ -209,7 +212,7 @@ def incumbent(exp: experiment.Experiment, st: StudyState,
 def searched_default(st: StudyState) -> dict[str, Any] | None:
     """What the search measured of the kernel's default config (``search.warm_start``
     asks it first), None where it did not measure it successfully."""
-    fam = kernel_api.get(st.spec.kernel)
+    fam = st.family
     for cfg, res in st.search.top(10**9):
         if {**fam.default_config, **cfg} == dict(fam.default_config):
             return dict(res)
@@ -220,7 +223,7 @@ def _default_candidate(st: StudyState) -> tuple[dict[str, Any], dict[str, Any]] 
     """The kernel's default config, with what the search measured of it ({} where it
     did not): it is re-measured beside the finalists and is never beaten within noise.
     None where it cannot run on this device."""
-    fam = kernel_api.get(st.spec.kernel)
+    fam = st.family
     if fam.check_config(dict(fam.default_config), st.spec.shape, st.device) is not None:
         return None
     space = st.search.space
@@ -238,7 +241,7 @@ def start_remeasure(exp: experiment.Experiment, st: StudyState) -> None:
     if st.default is None and default is not None and default[1]:
         st.default = default[1]  # the search's measurement, until a re-measurement
     if len(top) >= 2:
-        st.incumbent = incumbent(exp, st, top)
+        st.incumbent = incumbent(st, top)
         st.default_config = default[0] if default else None
         st.candidates = remeasure.candidates(top, st.incumbent, default)
     wanted = {"eager": st.eager is None, "compile": st.want_compile and st.compiled is None,
@@ -246,7 +249,7 @@ def start_remeasure(exp: experiment.Experiment, st: StudyState) -> None:
               # (even where it fails the static checks: it is what runs without a pack):
               # a kernel's default is one of the speed-ups the summary shows.
               "default": st.default is None and (default is None or not st.candidates)}
-    fam = kernel_api.get(st.spec.kernel)
+    fam = st.family
     st.baselines = {name: remeasure.Candidate(
         dict(fam.default_config) if name == "default" else {"baseline": name}, math.nan)
         for name, want in wanted.items() if want}
@@ -273,7 +276,7 @@ def finish_baselines(st: StudyState) -> dict[str, dict[str, Any]]:
             reason = cand.failures[0] if cand.failures else "not measured"
             out[name] = TrialResult(ok=False, reason=reason).to_dict()
     if st.default_config is not None:
-        fam = kernel_api.get(st.spec.kernel)
+        fam = st.family
         mine = next((c for c in st.candidates if c.samples and {
             **fam.default_config, **c.config} == dict(fam.default_config)), None)
         if mine is not None:
