@@ -17,7 +17,9 @@
 # (search.timeout_s) END_S before that, so that finalists are re-measured and the run
 # ends cleanly; `timeout` at the limit is the backstop. `python benchmarks/large_sweeps.py`
 # gives their sizes and the estimated time. Studies left unfinished are exported as they
-# are and listed INCOMPLETE.
+# are and listed INCOMPLETE; run it again on the same box (runs/ kept) and the campaign
+# continues where it stopped (--resume), e.g. in two calls of BUDGET_S=590 where one
+# command may run 10 minutes at most.
 # The commit recorded is HARNESS_GIT_SHA where set (a copy without .git), else git's.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -65,11 +67,15 @@ if [ $LARGE = 1 ]; then
   python3 benchmarks/large_sweeps.py "${files[@]}" > "$L/large_sizes.md" 2>&1 \
       || echo "large_sweeps.py: a study holds fewer than 2,000 valid configs here"
   cat "$L/large_sizes.md"
+  # A campaign cut short earlier on this box (runs/ kept) is continued: its measured
+  # configs stay, and each grid goes on where it stopped.
+  again=()
+  for n in "${names[@]}"; do [ -f "runs/$n/optuna.db" ] && again=(--resume); done
   left=$(( BUDGET_S - RESERVE_S - $(el) ))
   search_s=$(( left - ${END_S:-150} ))   # the start (~45 s), re-measurement, MLflow's catch-up
-  echo "campaign of ${#files[@]} large sweeps (${names[*]}): searches stop after ${search_s} s, killed at ${left} s"
-  timeout "$left" python3 -m harness run "${files[@]}" --json --set "search.timeout_s=$search_s" \
-      > "$L/large.json" 2> "$L/large.log"
+  echo "campaign of ${#files[@]} large sweeps (${names[*]}) ${again[*]}: searches stop after ${search_s} s, killed at ${left} s"
+  timeout "$left" python3 -m harness run "${files[@]}" "${again[@]}" --json \
+      --set "search.timeout_s=$search_s" > "$L/large.json" 2> "$L/large.log"
   rc=$?
   echo "large campaign rc=$rc t=$(el) s$([ $rc -eq 124 ] && echo ' (cut short)')"
 else

@@ -285,6 +285,7 @@ def test_export_names_the_commit_and_gzips_a_large_table(tmp_path: Path, monkeyp
     assert big.name == small.name + ".gz" and not small.exists()
     assert big.read_bytes()[:2] == b"\x1f\x8b"
     assert rp.Table.load(big).data["commit"] == "abc1234"
+    assert rp.summary(rp.Table.load(big))["commit"] == "abc1234"
     assert [t.path for t in rp.load_tables(tmp_path / "t")] == [str(big)]
     monkeypatch.setattr(tables, "GZIP_ROWS", 5000)
     assert rp.export(url, tmp_path / "t") == [small] and not big.exists()

@@ -301,6 +301,7 @@ def summary(table: Table, tol: float = DEFAULT_TOL) -> dict[str, Any]:
         "case": table.name,
         "device_name": table.data.get("device_name", ""),
         "date": table.data.get("date", ""),
+        "commit": table.data.get("commit", ""),
         "grid": table.grid_size,
         "complete": table.complete,
         "ok": len(table.of("ok")),
