@@ -30,12 +30,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+# One BLAS / OpenMP thread per process, set before numpy and torch load: the strategies'
+# models solve matrices of a few hundred rows, where a pool of threads per process only
+# spins against the bench's other processes (on two busy cores, 35 times slower).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -59,12 +66,26 @@ CURVE_AT = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
 FIDELITY = 20 / 125
 #: GP is ~100x slower per ask than the others: fewer seeds, fewer variants (--slow-*).
 SLOW = ("gp",)
+#: no-pruning runs on cases of up to this many configs: in a larger space most configs
+#: are invalid (the large grouped GEMM sweep: 94 %), nobody would launch them all, and a
+#: replay that does takes tens of thousands of trials a run.
+NO_PRUNING_MAX_GRID = 5000
 GOAL_FRACTION = 0.10
+
+
+#: Tables this process has loaded (a large one takes a second to read).
+_TABLES: dict[str, rp.Table] = {}
+
+
+def _table(path: str) -> rp.Table:
+    if path not in _TABLES:
+        _TABLES[path] = rp.Table.load(path)
+    return _TABLES[path]
 
 
 def _one(path: str, sampler: str, seed: int, variant: str, in_flight: int, tol: float,
          warm_start: bool, seeds: list[dict[str, Any]], max_stall: int) -> dict[str, Any]:
-    table = rp.Table.load(path)
+    table = _table(path)
     v = VARIANTS[variant]
     t0 = time.perf_counter()
     trace = rp.replay(table, sampler, seed, prune=v.get("prune", True), in_flight=in_flight,
@@ -169,11 +190,12 @@ def donor_seeds(table: rp.Table, others: list[rp.Table],
 def run_bench(paths: list[str], samplers: list[str], seeds: int, variants: list[str],
               in_flight: int = 2, tol: float = rp.DEFAULT_TOL, warm_start: bool = True,
               jobs: int = 1, slow_seeds: int = 2,
-              slow_variants: tuple[str, ...] = ("static-pruning",)) -> dict[str, Any]:
+              slow_variants: tuple[str, ...] = ("static-pruning",),
+              no_pruning_max_grid: int = NO_PRUNING_MAX_GRID) -> dict[str, Any]:
     from harness.experiment import SearchSettings
 
     max_stall = SearchSettings().max_stalled_asks
-    tables = {p: rp.Table.load(p) for p in paths}
+    tables = {p: _table(p) for p in paths}
     cases = [t.name for t in tables.values()]
     headline = [t.name for t in tables.values() if t.complete]
     donors = {p: donor_seeds(t, list(tables.values())) for p, t in tables.items()}
@@ -188,6 +210,7 @@ def run_bench(paths: list[str], samplers: list[str], seeds: int, variants: list[
                  for v in variants for s in samplers
                  if s not in SLOW or v in slow_variants
                  for p in paths
+                 if v != "no-pruning" or tables[p].grid_size <= no_pruning_max_grid
                  for seed in range(min(seeds, slow_seeds) if s in SLOW else seeds)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as ex:
@@ -200,6 +223,7 @@ def run_bench(paths: list[str], samplers: list[str], seeds: int, variants: list[
                      "variants": variants, "in_flight": in_flight, "tol": tol,
                      "warm_start": warm_start, "fidelity": FIDELITY,
                      "max_stalled_asks": max_stall, "curve_at": list(CURVE_AT),
+                     "no_pruning_max_grid": no_pruning_max_grid,
                      "default_strategy": SearchSettings().strategy},
         "cases": [{**rp.summary(t, tol), "donors": [w for _, w in donors[p]],
                    "donors_other_gpu": [w for _, w in other[p]]}
@@ -327,7 +351,9 @@ def render(report: dict[str, Any]) -> str:
         "",
         "Variants: **static-pruning** is the harness (configs that cannot run are rejected "
         "on the driver at no GPU cost); **no-pruning** launches them too (each costs a typical "
-        "config; compared with the unpruned grid); **multi-fidelity** times each config "
+        "config; compared with the unpruned grid; cases of up to "
+        f"{st.get('no_pruning_max_grid', NO_PRUNING_MAX_GRID):,} configs); **multi-fidelity** "
+        "times each config "
         f"cheaply first ({st['fidelity']:.0%} of the full timing plus its first launch; "
         "latency drawn within the recorded p20-p80) and in full only if the threshold pruner "
         "(cheap > best x 1.1, after 4 complete trials) lets it through; **warm-start** first "
@@ -480,7 +506,7 @@ def _jsonable(x: Any) -> Any:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=str(ROOT / "benchmarks" / "replay"),
-                   help="recorded tables: <data>/<HW>/*.json")
+                   help="recorded tables: <data>/<HW>/*.json and *.json.gz")
     p.add_argument("--out", default=None, help="where report.json/.md go (default: --data)")
     p.add_argument("--strategies", "--samplers", dest="samplers", nargs="+",
                    default=registry.names(), choices=registry.names(),
@@ -495,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-seeds", type=int, default=2, help="seeds for gp (slow)")
     p.add_argument("--slow-variants", nargs="+", default=["static-pruning"],
                    choices=list(VARIANTS), help="the variants gp runs in")
+    p.add_argument("--no-pruning-max-grid", type=int, default=NO_PRUNING_MAX_GRID,
+                   help="the largest case no-pruning runs on (configs)")
     p.add_argument("--render-only", action="store_true",
                    help="re-render report.md from the report.json in --out (or --data)")
     p.add_argument("--complete-only", action="store_true",
@@ -517,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report = run_bench([t.path for t in tables], args.samplers, args.seeds, args.variants,
                        args.in_flight, args.tol, not args.no_warm_start, args.jobs,
-                       args.slow_seeds, tuple(args.slow_variants))
+                       args.slow_seeds, tuple(args.slow_variants), args.no_pruning_max_grid)
     out = Path(args.out or args.data)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(_dumps(report))

@@ -17,8 +17,9 @@ from harness import experiment
 from harness.kernel import api as kernel_api
 from harness.measure.timing import TrialResult
 from harness.search import replay as rp
-from harness.search import spaces
+from harness.search import spaces, tables
 from harness.search.study import ATTR_REASON, ATTR_RESULT, ATTR_STATUS
+from harness.tracking.tracker import git_sha
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "replay"
@@ -220,6 +221,7 @@ def test_export_round_trip(tmp_path: Path, sqlite_copy) -> None:
     assert d["kernel"] == "matmul" and d["shape"] == {"M": 64, "N": 64, "K": 64}
     assert d["dtype"] == "bf16" and d["hardware"] == "H200"
     assert d["device_name"] == "NVIDIA H200" and d["date"]
+    assert d["commit"] == git_sha()  # the checkout that ran the sweep (exported right after)
     assert d["space"] == SPACE and d["grid_size"] == 4 and d["complete"] and t.complete
     assert d["counts"] == {"ok": 2, "failed": 1, "pruned": 1}
     assert d["baselines_ms"]["eager"] == 2.0
@@ -269,6 +271,24 @@ def test_export_round_trip(tmp_path: Path, sqlite_copy) -> None:
     assert [f.name for f in files] == ["matmul__M64_N64_K64__bf16.json"]
     assert json.loads(files[0].read_text()) == d
     assert [x.path for x in rp.load_tables(tmp_path / "tables")] == [str(files[0])]
+
+
+def test_export_names_the_commit_and_gzips_a_large_table(tmp_path: Path, monkeypatch) -> None:
+    url = _make_sweep_db(tmp_path / "optuna.db")
+    assert rp.main(["export", "--storage", url, "--out", str(tmp_path / "t"),
+                    "--commit", "abc1234"]) == 0
+    small = tmp_path / "t" / "H200" / "matmul__M64_N64_K64__bf16.json"
+    assert rp.Table.load(small).data["commit"] == "abc1234"
+    # Past GZIP_ROWS rows the table is written gzipped, and replaces the plain one.
+    monkeypatch.setattr(tables, "GZIP_ROWS", 3)
+    [big] = rp.export(url, tmp_path / "t", commit="abc1234")
+    assert big.name == small.name + ".gz" and not small.exists()
+    assert big.read_bytes()[:2] == b"\x1f\x8b"
+    assert rp.Table.load(big).data["commit"] == "abc1234"
+    assert rp.summary(rp.Table.load(big))["commit"] == "abc1234"
+    assert [t.path for t in rp.load_tables(tmp_path / "t")] == [str(big)]
+    monkeypatch.setattr(tables, "GZIP_ROWS", 5000)
+    assert rp.export(url, tmp_path / "t") == [small] and not big.exists()
 
 
 # -- the sweep experiments and the committed data ------------------------------------------
@@ -322,7 +342,7 @@ def test_record_script_runs_the_sweeps() -> None:
     assert "configs/matmul_grid216.yaml" in script and "export-all" in script
 
 
-RECORDED = sorted(DATA.glob("*/*.json"))
+RECORDED = tables.table_paths(DATA)
 
 
 @pytest.mark.skipif(not RECORDED, reason="no recorded sweeps committed yet")

@@ -238,3 +238,29 @@ def test_a_run_names_the_study_it_could_not_tune_and_exits_4(tmp_path: Path,
     assert "not tuned: matmul M=16,N=64,K=64 fp32 on cpu" in proc.stderr
     pack = json.loads((tmp_path / "packs" / "cpu" / "matmul.json").read_text())
     assert "M=16,N=64,K=64" not in json.dumps(pack)
+
+
+def test_the_sampler_reads_each_trial_once_its_parameters_are_set() -> None:
+    """``StrategySampler.tried`` reads a trial's point when its parameters are complete:
+    the trial being asked has none yet, and is read at the next ask."""
+    from harness.search.samplers import StrategySampler
+    from harness.search.strategies import registry
+    from harness.search.strategies.base import Setup
+
+    space = {"A": [1, 2, 3], "B": [1, 2]}
+    valid = ValidSpace(space, lambda c: None)
+    sampler = StrategySampler(registry.get("grid")(Setup(valid, 0, 6)), valid)
+    study = optuna.create_study(sampler=sampler)
+    seen = []
+    for n in range(6):
+        trial = study.ask()
+        config = {k: trial.suggest_categorical(k, v) for k, v in space.items()}
+        assert len(sampler.tried(study)) == n + 1
+        seen.append(config_key(config))
+        if n % 2:
+            study.tell(trial, 1.0)
+    assert len(set(seen)) == 6  # each ask a config not tried before
+    failed = study.ask()  # a trial that ends without parameters is never read
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    assert len(sampler.tried(study)) == 6
+

@@ -13,7 +13,7 @@ the whole grid's cost.
 Command line::
 
     python -m harness.search.replay export --storage sqlite:///runs/EXP/optuna.db --out DIR
-    python -m harness.search.replay export-all --runs runs --out benchmarks/replay
+    python -m harness.search.replay export-all --runs runs --out benchmarks/replay [--commit SHA]
     python -m harness.search.replay run TABLE.json --strategy tpe --seed 0
     python -m harness.search.replay summary benchmarks/replay
     python -m harness.search.replay check configs/sweeps/X.yaml   # exit 0: already recorded
@@ -301,6 +301,7 @@ def summary(table: Table, tol: float = DEFAULT_TOL) -> dict[str, Any]:
         "case": table.name,
         "device_name": table.data.get("device_name", ""),
         "date": table.data.get("date", ""),
+        "commit": table.data.get("commit", ""),
         "grid": table.grid_size,
         "complete": table.complete,
         "ok": len(table.of("ok")),
@@ -334,6 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.add_argument("--runs", default="runs")
     a.add_argument("--out", required=True)
     a.add_argument("--experiments", nargs="*", help="experiment names (default: all)")
+    for x in (e, a):
+        x.add_argument("--commit", help="the commit that ran the sweeps (default: this "
+                       "checkout's, or $HARNESS_GIT_SHA)")
     r = sub.add_parser("run", help="replay one strategy against a table")
     r.add_argument("table")
     r.add_argument("--strategy", "--sampler", dest="sampler", default=None,
@@ -351,8 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.cmd in ("export", "export-all"):
-        paths = (export(args.storage, args.out, args.study) if args.cmd == "export"
-                 else export_all(args.runs, args.out, args.experiments))
+        paths = (export(args.storage, args.out, args.study, args.commit)
+                 if args.cmd == "export"
+                 else export_all(args.runs, args.out, args.experiments, args.commit))
         for path in paths:
             t = Table.load(path)
             c = t.data["counts"]

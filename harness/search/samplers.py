@@ -29,19 +29,28 @@ class StrategySampler(optuna.samplers.BaseSampler):
         self.strategy, self.valid = strategy, valid
         self._space = {n: CategoricalDistribution(c)
                        for n, c in zip(valid.names, valid.choices, strict=True)}
-        self._read: set[int] = set()  # trial numbers read into ``_tried``
+        self._next = 0  # trials before this position are read (or in ``_incomplete``)
+        self._incomplete: list[int] = []  # positions of trials read before their params
         self._tried: set[Index] = set()
         self._rng = random.Random(0)
         self.exhausted_at: int | None = None  # the trial for which none was left
 
     def tried(self, study: optuna.Study) -> set[Index]:
-        """The points of every config the study has (complete parameters), in any state."""
-        for t in study.get_trials(deepcopy=False):
-            if t.number not in self._read and len(t.params) == len(self._space):
-                self._read.add(t.number)
+        """The points of every config the study has (complete parameters), in any state.
+        Each call reads only the trials added since the last and those whose parameters
+        were incomplete then (the trial being asked), so that a study of thousands of
+        trials does not read them all again at every ask."""
+        trials = study.get_trials(deepcopy=False)  # in trial-number order
+        todo = [*self._incomplete, *range(self._next, len(trials))]
+        self._next, self._incomplete = len(trials), []
+        for i in todo:
+            t = trials[i]
+            if len(t.params) == len(self._space):
                 idx = self.valid.index(t.params)
                 if idx is not None:
                     self._tried.add(idx)
+            else:
+                self._incomplete.append(i)
         return self._tried
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial

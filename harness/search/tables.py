@@ -1,11 +1,13 @@
 """Recorded tables: exhaustive sweeps exported from their Optuna studies, for replay.
 
 A *recorded table* is one study of a grid sweep (``configs/sweeps/*.yaml``, sampler
-``grid``, trials = grid size) exported to a small JSON file, one per (hardware, kernel,
-shape, dtype)::
+``grid``, trials = grid size) exported to a JSON file, one per (hardware, kernel, shape,
+dtype); a table of more than ``GZIP_ROWS`` rows (a large space, mostly its statically
+pruned configs) is written gzipped, ``.json.gz``, and read the same way::
 
     {"format": "kharness-replay/1", "kernel": ..., "shape": {...}, "dtype": ...,
-     "hardware": "H200", "device_name": ..., "date": ..., "space": {param: [choices]},
+     "hardware": "H200", "device_name": ..., "date": ..., "commit": ...,
+     "space": {param: [choices]},
      "grid_size": N, "complete": true, "default_config": {...},
      "trials": [{"config": {...}, "status": "ok" | "failed" | "pruned",
                  "median_ms", "p20_ms", "p80_ms", "cost_s", "reason", ...}, ...]}
@@ -24,6 +26,8 @@ Reading tables needs no Optuna; exporting them does.
 
 from __future__ import annotations
 
+import functools
+import gzip
 import json
 import math
 import statistics
@@ -39,6 +43,11 @@ STATUSES = ("ok", "failed", "pruned")
 #: The harness's statuses -> the table's; duplicates and interrupted trials are skipped.
 _FROM_HARNESS = {"measured": "ok", "failed": "failed", "pruned": "pruned"}
 DEFAULT_TOL = 0.02
+#: Tables of more rows than this are written gzipped (``.json.gz``): a large space's
+#: pruned configs are most of its rows and compress about 30-fold.
+GZIP_ROWS = 5000
+#: The file names a table may have.
+SUFFIXES = (".json", ".json.gz")
 
 
 def _num(x: Any) -> float | None:
@@ -64,12 +73,19 @@ class Table:
         self.space: dict[str, list[Any]] = {k: list(v) for k, v in self.data["space"].items()}
         self.trials: list[dict[str, Any]] = list(self.data["trials"])
         self.by_key = {config_key(t["config"]): t for t in self.trials}
+        # A table does not change once loaded: its rows by status are sorted out once
+        # (a replay reads them at every pruned config it launches).
+        self._of: dict[str, list[dict[str, Any]]] = {s: [] for s in STATUSES}
+        for t in self.trials:
+            self._of.setdefault(t["status"], []).append(t)
 
     @classmethod
     def load(cls, path: str | Path) -> Table:
-        with open(path) as f:
+        """A table file: ``.json``, or gzipped ``.json.gz``."""
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "rt") as f:
             data = json.load(f)
-        if data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{path}: not a {FORMAT} table")
         return cls(data, str(path))
 
@@ -94,23 +110,23 @@ class Table:
         return len(self.by_key) >= self.grid_size
 
     def of(self, status: str) -> list[dict[str, Any]]:
-        return [t for t in self.trials if t["status"] == status]
+        return list(self._of.get(status, ()))
 
-    @property
+    @functools.cached_property
     def optimum_ms(self) -> float:
         """The grid optimum: the fastest recorded median."""
-        return min(t["median_ms"] for t in self.of("ok"))
+        return min(t["median_ms"] for t in self._of["ok"])
 
     @property
     def optimum(self) -> dict[str, Any]:
-        return min(self.of("ok"), key=lambda t: t["median_ms"])["config"]
+        return min(self._of["ok"], key=lambda t: t["median_ms"])["config"]
 
-    @property
+    @functools.cached_property
     def grid_cost_s(self) -> float:
         """GPU time of the whole (statically pruned) grid: what our exhaustive sweep paid."""
         return sum(t["cost_s"] for t in self.trials if t["status"] != "pruned")
 
-    @property
+    @functools.cached_property
     def pruned_cost_s(self) -> float:
         """Estimated GPU time a pruned config would cost if it were launched anyway: that
         of a typical measured config (the median). Some would fail at their first launch
@@ -121,12 +137,12 @@ class Table:
     @property
     def unpruned_grid_cost_s(self) -> float:
         """GPU time of the grid without static pruning (every config launched)."""
-        return self.grid_cost_s + len(self.of("pruned")) * self.pruned_cost_s
+        return self.grid_cost_s + len(self._of["pruned"]) * self.pruned_cost_s
 
     def within(self, tol: float = DEFAULT_TOL) -> int:
         """How many configs are within ``tol`` of the optimum (how easy the case is)."""
         target = self.optimum_ms * (1 + tol)
-        return sum(1 for t in self.of("ok") if t["median_ms"] <= target)
+        return sum(1 for t in self._of["ok"] if t["median_ms"] <= target)
 
     def lookup(self, config: Mapping[str, Any]) -> dict[str, Any] | None:
         return self.by_key.get(config_key(config))
@@ -146,15 +162,22 @@ def _pruned_estimate(trials: Sequence[Mapping[str, Any]]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
 
 
-def load_tables(root: str | Path, complete_only: bool = True) -> list[Table]:
-    """Every table under ``root`` (``<root>/<HW>/*.json``, or ``root`` itself a file)."""
+def table_paths(root: str | Path) -> list[Path]:
+    """The table files under ``root``: ``<root>/<HW>/*.json`` and ``*.json.gz``."""
     root = Path(root)
-    paths = [root] if root.is_file() else sorted(root.glob("*/*.json"))
+    return sorted(p for suffix in SUFFIXES for p in root.glob(f"*/*{suffix}"))
+
+
+def load_tables(root: str | Path, complete_only: bool = True) -> list[Table]:
+    """Every table under ``root`` (``<root>/<HW>/*.json[.gz]``, or ``root`` itself a
+    file)."""
+    root = Path(root)
+    paths = [root] if root.is_file() else table_paths(root)
     tables = []
     for p in paths:
         try:
             t = Table.load(p)
-        except (ValueError, KeyError, json.JSONDecodeError):
+        except (ValueError, KeyError, OSError, json.JSONDecodeError):
             continue  # report files and anything else that is not a table
         if t.of("ok") and (t.complete or not complete_only):
             tables.append(t)
@@ -244,8 +267,10 @@ def _never_asked(meta: Mapping[str, Any], space: Mapping[str, Sequence[Any]],
     return out
 
 
-def export_study(storage: Any, study_name: str) -> dict[str, Any]:
-    """One study of a sweep as a recorded table (see the module docstring)."""
+def export_study(storage: Any, study_name: str, commit: str | None = None) -> dict[str, Any]:
+    """One study of a sweep as a recorded table (see the module docstring). ``commit``:
+    the code's commit that ran the sweep (default: this checkout's, ``HARNESS_GIT_SHA``
+    where it runs from a copy without ``.git``; export right after the run)."""
     import optuna
 
     from harness.search.study import ATTR_RESULT, ATTR_STATUS
@@ -309,6 +334,7 @@ def export_study(storage: Any, study_name: str) -> dict[str, Any]:
         "hardware": meta["hardware"],
         "device_name": device_name,
         "date": started.date().isoformat() if started else "",
+        "commit": commit or _git_sha(),
         "experiment": meta["experiment"],
         "study": study_name,
         "space": space,
@@ -324,37 +350,67 @@ def export_study(storage: Any, study_name: str) -> dict[str, Any]:
     }
 
 
+def _git_sha() -> str:
+    from harness.tracking.tracker import git_sha
+
+    return git_sha()
+
+
 def _storage(url: str) -> Any:
     from harness.search.storage import make_storage
 
     return make_storage(url)
 
 
-def export(storage_url: str, out: str | Path, study: str | None = None) -> list[Path]:
-    """Export the studies of one Optuna storage. ``out`` ending in ``.json`` is the file
-    for a single study; otherwise it is a directory and each study goes to
-    ``<out>/<hardware>/<kernel>__<shape>__<dtype>.json``."""
+def write(table: Mapping[str, Any], path: str | Path) -> Path:
+    """Write a table: ``.json.gz`` gzipped (``dumps``' text), any other name as is."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = dumps(table)
+    if path.name.endswith(".gz"):
+        # mtime 0: the same table gives the same bytes (a re-export leaves git clean).
+        path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        path.write_text(text)
+    return path
+
+
+def export(storage_url: str, out: str | Path, study: str | None = None,
+           commit: str | None = None) -> list[Path]:
+    """Export the studies of one Optuna storage. ``out`` ending in ``.json`` (or
+    ``.json.gz``) is the file for a single study; otherwise it is a directory and each
+    study goes to ``<out>/<hardware>/<kernel>__<shape>__<dtype>.json``, ``.json.gz`` for
+    a table of more than ``GZIP_ROWS`` rows."""
     import optuna
 
     storage = _storage(storage_url)
     names = [study] if study else [s.study_name for s in optuna.get_all_study_summaries(storage)]
     out = Path(out)
-    if out.suffix == ".json" and len(names) != 1:
+    single = out.name.endswith(SUFFIXES)
+    if single and len(names) != 1:
         raise ValueError(f"{storage_url} holds {len(names)} studies: name one with --study, "
                          "or give a directory as --out")
     written = []
     for name in names:
-        table = export_study(storage, name)
-        path = out if out.suffix == ".json" else (out / table["hardware"] / case_filename(
-            table["kernel"], table["shape"], table["dtype"]))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dumps(table))
-        written.append(path)
+        table = export_study(storage, name, commit)
+        if single:
+            path = out
+        else:
+            path = out / table["hardware"] / case_filename(
+                table["kernel"], table["shape"], table["dtype"])
+            if len(table["trials"]) > GZIP_ROWS:
+                path = path.with_name(path.name + ".gz")
+            # A re-export in the other form replaces the first.
+            other = (path.with_name(path.name[:-3]) if path.name.endswith(".gz")
+                     else path.with_name(path.name + ".gz"))
+            other.unlink(missing_ok=True)
+        written.append(write(table, path))
     return written
 
 
 def export_all(runs_dir: str | Path, out_dir: str | Path,
-               experiments: Iterable[str] | None = None) -> list[Path]:
+               experiments: Iterable[str] | None = None,
+               commit: str | None = None) -> list[Path]:
     """Export every study of every experiment under ``runs_dir`` (or of the named ones)."""
     runs_dir = Path(runs_dir)
     names = list(dict.fromkeys(experiments)) if experiments is not None else sorted(
@@ -363,7 +419,7 @@ def export_all(runs_dir: str | Path, out_dir: str | Path,
     for name in names:
         db = runs_dir / name / "optuna.db"
         if db.is_file():
-            written += export(f"sqlite:///{db.resolve()}", out_dir)
+            written += export(f"sqlite:///{db.resolve()}", out_dir, commit=commit)
     return written
 
 
