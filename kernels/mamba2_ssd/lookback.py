@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.mamba2_ssd.triton_kernels import _op
+from kernels.mamba2_ssd.triton_kernels import _chunk_decay, _op
 
 #: Flag values of a slot.
 AGGREGATE: tl.constexpr = tl.constexpr(1)
@@ -127,16 +127,8 @@ def ssd_lookback_kernel(
     tile_mask = mask_n[:, None] & mask_p[None, :]
     # The chunk base carries the int64 part; offsets within a chunk stay int32.
     row0 = c.to(tl.int64) * CHUNK
-    a = tl.load(A_ptr + head).to(tl.float32)
-    d = tl.load(D_ptr + head).to(tl.float32)
-    dt = tl.load(
-        dt_ptr + pid_b * s_dt_b + head * s_dt_h + (row0 + offs_l) * s_dt_l,
-        mask=mask_l,
-        other=0.0,
-    ).to(tl.float32)
-    dA = dt * a
-    dacs = tl.cumsum(dA, axis=0)
-    total = tl.sum(dA, axis=0)
+    d, dt, dacs, total = _chunk_decay(A_ptr, D_ptr, dt_ptr, head, pid_b, row0, offs_l,
+                                      mask_l, s_dt_b, s_dt_h, s_dt_l)
     bt_ptrs = (B_ptr + pid_b * s_b_b + pid_g * s_b_g + row0 * s_b_l
                + offs_l[None, :] * s_b_l + offs_n[:, None] * s_b_n)  # fmt: skip
     bt_mask = mask_l[None, :] & mask_n[:, None]

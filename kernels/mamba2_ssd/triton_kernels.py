@@ -44,6 +44,22 @@ def _op(a, DOT: tl.constexpr, UPCAST: tl.constexpr):
     return a
 
 
+@triton.jit
+def _chunk_decay(A_ptr, D_ptr, dt_ptr, head, pid_b, row0, offs_l, mask_l, s_dt_b, s_dt_h,
+                 s_dt_l):
+    """A chunk's per-head scalars in fp32: D, dt (0 past the end), the within-chunk
+    cumulative dt * A and its total (the chunk's decay)."""
+    a = tl.load(A_ptr + head).to(tl.float32)
+    d = tl.load(D_ptr + head).to(tl.float32)
+    dt = tl.load(
+        dt_ptr + pid_b * s_dt_b + head * s_dt_h + (row0 + offs_l) * s_dt_l,
+        mask=mask_l,
+        other=0.0,
+    ).to(tl.float32)
+    dA = dt * a
+    return d, dt, tl.cumsum(dA, axis=0), tl.sum(dA, axis=0)
+
+
 # ---------------------------------------------------------------------------------------
 # Five-stage pipeline
 # ---------------------------------------------------------------------------------------
@@ -346,16 +362,8 @@ def ssd_chunk_kernel(
     )  # fmt: skip
     cb = tl.dot(_op(c_blk, DOT, UPCAST), bt_op, input_precision=PREC)
     causal = offs_l[:, None] >= offs_l[None, :]
-    a = tl.load(A_ptr + head).to(tl.float32)
-    d = tl.load(D_ptr + head).to(tl.float32)
-    dt = tl.load(
-        dt_ptr + pid_b * s_dt_b + head * s_dt_h + (row0 + offs_l) * s_dt_l,
-        mask=mask_l,
-        other=0.0,
-    ).to(tl.float32)
-    dA = dt * a
-    dacs = tl.cumsum(dA, axis=0)
-    total = tl.sum(dA, axis=0)
+    d, dt, dacs, total = _chunk_decay(A_ptr, D_ptr, dt_ptr, head, pid_b, row0, offs_l,
+                                      mask_l, s_dt_b, s_dt_h, s_dt_l)
     x_blk = tl.load(
         x_ptr + pid_b * s_x_b + head * s_x_h + row0 * s_x_l
         + offs_l[:, None] * s_x_l + offs_p[None, :] * s_x_p,
