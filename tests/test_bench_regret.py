@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 
 from harness import packs
 from harness.measure import regret
+from tests.fault_kernels import cli_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def _run(tmp: Path, *args: str, env: dict[str, str] | None = None
          ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", "bench", "--regret", *args],
                           capture_output=True, text=True, timeout=600, cwd=tmp,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                          env={**cli_env(tmp / "events"), **(env or {})})
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU run")

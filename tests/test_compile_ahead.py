@@ -127,7 +127,8 @@ TUNINGS: dict[str, tuple[dict, str, dict]] = {
 @pytest.mark.parametrize("kernel", sorted(TUNINGS))
 def test_gpu_a_tuning_compiles_nothing_in_the_worker(kernel: str, tmp_path: Path) -> None:
     """``kharness run`` of a few configs of each family, cold Triton cache: every first
-    launch in the worker loads a binary its node's compile service built."""
+    launch in the worker loads a binary its node's compile service built, but the one the
+    worker may compile itself while the service starts (counted apart)."""
     from tests.fault_kernels import cli_env
 
     shape, dtype, space = TUNINGS[kernel]
@@ -153,6 +154,8 @@ def test_gpu_a_tuning_compiles_nothing_in_the_worker(kernel: str, tmp_path: Path
     assert first["watched"] >= 2, first
     assert first["ahead_missed"] == 0, first
     assert first["compiled_in_worker"] == 0, first
+    # The one config a worker may compile itself while the service starts (one worker).
+    assert first["compiled_here"] <= 1, first
 
 
 @pytest.mark.gpu

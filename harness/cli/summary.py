@@ -197,9 +197,12 @@ def _fleet(out: Console, summary: Any) -> None:
         out.print(f"GPU-held time by phase: {parts}")
     fc = summary.first_calls
     if fc.get("watched"):
-        out.print(f"first launches: {fc['watched'] - fc['compiled_in_worker']} of "
+        here = fc.get("compiled_here", 0)
+        out.print(f"first launches: {fc['watched'] - fc['compiled_in_worker'] - here} of "
                   f"{fc['watched']} loaded a compiled binary, {fc['compiled_in_worker']} "
-                  f"compiled in the worker ({fc['ahead_missed']} despite compile-ahead)")
+                  f"compiled in the worker ({fc['ahead_missed']} despite compile-ahead)"
+                  + (f", {here} compiled there while the compile service started"
+                     if here else ""))
     for event in summary.events:
         out.print(f"fleet: {event}", markup=False)
 

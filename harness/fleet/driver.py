@@ -54,7 +54,10 @@ class Fleet(Workers):
         self.phases: dict[str, float] = {}  # worker seconds by what they went to (overhead)
         # First launches of trials: how many compiled in the worker (compile-ahead missed
         # or not used) rather than loading a binary; see measure.CompileWatch.
-        self.first_calls = {"watched": 0, "compiled_in_worker": 0, "ahead_missed": 0}
+        # compiled_here: first configs the worker compiled itself while its node's compile
+        # service was still starting (by choice, not a miss).
+        self.first_calls = {"watched": 0, "compiled_in_worker": 0, "ahead_missed": 0,
+                            "compiled_here": 0}
         self._groups: dict[str, _Slot] = {}  # Task.group -> the slot its tasks run on
         self._beat = 0.0  # when the kept workers last heard from this run
 
@@ -294,7 +297,9 @@ class Fleet(Workers):
             slot.book["tasks"] = slot.book.get("tasks", 0) + 1
         if not baseline and "first_call_compiled" in extra:
             self.first_calls["watched"] += 1
-            if extra["first_call_compiled"]:
+            if extra.get("compiled_here"):
+                self.first_calls["compiled_here"] += 1
+            elif extra["first_call_compiled"]:
                 self.first_calls["compiled_in_worker"] += 1
                 if (extra.get("precompile") or {}).get("ok"):
                     self.first_calls["ahead_missed"] += 1

@@ -538,6 +538,8 @@ class Worker:
         res.extra.update(self.where)
         if pre is not None:
             res.extra["precompile"] = pre
+        if here:
+            res.extra["compiled_here"] = True  # by choice: the service was still starting
         return res.to_dict()
 
     def _eager(self, kernel: str, shape: dict, dtype: str, seed: int, compiled: bool,
