@@ -162,7 +162,7 @@ def summary_json(summary: Any) -> dict[str, Any]:
         "timeline_s": summary.timeline, "worker_startup_s": summary.worker_startup,
         "worker_nice": summary.worker_nice,
         "mlflow_logger": summary.mlflow_logger,
-        "first_calls": summary.first_calls,
+        "first_calls": summary.first_calls, "head_start": summary.head_start,
         "workers_replaced": summary.replaced, "workers_reused": summary.reused,
         "trials_retried": summary.retried,
         "events": summary.events,
@@ -173,7 +173,7 @@ def summary_json(summary: Any) -> dict[str, Any]:
 #: The keys of ``summary_json`` that are the fleet's: a campaign's, once for all.
 FLEET_KEYS = ("interpreted", "wall_s", "gpu_held_s", "kernel_timing_s", "timing_fraction",
               "overhead_s", "timeline_s", "worker_startup_s", "worker_nice", "first_calls",
-              "workers_replaced", "workers_reused", "trials_retried", "events")
+              "head_start", "workers_replaced", "workers_reused", "trials_retried", "events")
 
 
 def campaign_json(result: Any) -> dict[str, Any]:

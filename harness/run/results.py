@@ -50,6 +50,9 @@ class Summary:
     #: results, and the tasks), ``studies`` (wall seconds at which each study's search
     #: ended and its re-measurement began and ended), ``compile_services`` (per node)
     fleet: dict[str, Any] = field(default_factory=dict)
+    #: The driver's compiles before the fleet existed (``harness.fleet.head_start``):
+    #: hardware key, configs submitted and compiled; empty where there was none
+    head_start: dict[str, Any] = field(default_factory=dict)
 
 
 def account(fleet: Fleet, summary: Summary, console: Console) -> None:

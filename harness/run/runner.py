@@ -24,6 +24,7 @@ from rich.markup import escape
 from harness import experiment
 from harness.fleet import Fleet, NoHardwareError
 from harness.fleet import code_version as fleet_code_version
+from harness.fleet.head_start import HeadStart
 from harness.kernel.api import Kernel
 from harness.measure.timing import Timing
 from harness.run import freeze, schedule
@@ -107,9 +108,15 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
     # processes are tied to. The plotting code is imported by the MLflow logger's own
     # process (``_Logs``): on a thread here it ran into the search's start, where each
     # of the driver's SQLite calls handed it the GIL and the GPU waited for the asks.
-    pool = ThreadPoolExecutor(2, thread_name_prefix="harness-prepare")
+    # A Ray of this run's own: the first configs compile in the driver's children while
+    # Ray and the fleet start (``harness.fleet.head_start``).
+    pre_fs = mem.shared_fleet([m.exp for m in members])
+    head = HeadStart.maybe(pre_fs.compile_workers, pre_fs.compile_timeout_s)
+    pool = ThreadPoolExecutor(3, thread_name_prefix="harness-prepare")
     checked = pool.submit(_check, members, summary)
     trackers_f = pool.submit(_trackers_once_valid, checked, members)
+    if head is not None:
+        pool.submit(_head_start_once_valid, checked, members, head)
     # The studies' storages once the studies are known (after Ray's discovery): an
     # earlier run's studies deleted and the storages opened off the main thread.
     planned_f: Future = Future()
@@ -122,10 +129,14 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
         finally:
             error = checked.exception()
     except BaseException:
+        if head is not None:
+            head.close()
         for m in members:
             m.lock.release()
         raise
     if error is not None:
+        if head is not None:
+            head.close()
         if where == "local":  # started for this run only
             ray.shutdown()
         for m in reversed(members):  # the last lock's folders first: runs/ may be shared
@@ -164,6 +175,9 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
         if not planned_f.done():  # the storages' thread waits for nothing more
             planned_f.set_exception(RuntimeError("the run ended before its studies were planned"))
         stop_ray()
+        if head is not None:
+            head.close()
+            summary.head_start = head.report()
         for thread in stopping:
             thread.join()
         for m in members:
@@ -431,6 +445,25 @@ def _check(members: list[Member], summary: Summary) -> None:
     for m in members:
         m.plan = experiment.ExperimentPlan.checked(m.path, m.exp, families)
     summary.mark("validated")
+
+
+def _head_start_once_valid(checked: Future, members: list[Member], head: HeadStart) -> None:
+    """Once every file passed its checks: the configs known for the first study of this
+    machine's GPU type (as ``_run`` sends the workers), compiled by the head start."""
+    try:
+        if checked.exception() is not None:
+            head.close()
+            return
+        studies = [s for m in members for s in _plan(m).for_hardware([head.key]).studies]
+        first = schedule.first_studies(studies).get(head.key)
+        if first is None or next(m for m in members
+                                 if m.name == first.spec.experiment).resume:
+            head.close()
+            return
+        head.submit(first, schedule.known_configs(first))
+    except Exception as exc:  # only a head start: the fleet compiles them as usual
+        log.warning("the head start of the first compiles failed: %s", exc)
+        head.close()
 
 
 def _trackers_once_valid(checked: Future, members: list[Member]) -> dict[str, Tracker]:

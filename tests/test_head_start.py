@@ -1,0 +1,73 @@
+"""The driver's head start (``harness.fleet.head_start``): when it runs, and a run whose
+first configs it compiles before the fleet exists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.fleet import head_start
+from harness.fleet.head_start import HeadStart
+from tests.fault_kernels import cli_env
+
+
+@pytest.mark.parametrize(("env", "workers", "why"), [
+    ({"HARNESS_HEAD_START": "off", "HARNESS_PRECOMPILE": "force"}, "auto", "turned off"),
+    ({"HARNESS_HEAD_START": "on", "HARNESS_PRECOMPILE": "force"}, 0, "compile_workers: 0"),
+    ({"HARNESS_HEAD_START": "on", "HARNESS_PRECOMPILE": "off"}, "auto", "no compile-ahead"),
+    ({"HARNESS_HEAD_START": "on", "HARNESS_PRECOMPILE": "force",
+      "RAY_ADDRESS": "127.0.0.1:1"}, "auto", "joins a cluster"),
+])
+def test_no_head_start(env: dict, workers: int | str, why: str, monkeypatch) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert HeadStart.maybe(workers, 30.0) is None, why
+
+
+def test_few_cores_no_head_start_unless_asked(monkeypatch) -> None:
+    monkeypatch.setenv("HARNESS_PRECOMPILE", "force")
+    monkeypatch.delenv("HARNESS_HEAD_START", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(head_start.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(head_start, "starts_own_ray", lambda: True)
+    monkeypatch.setattr(head_start, "gpu_device_nodes", lambda: False)
+    assert HeadStart.maybe("auto", 30.0) is None
+    monkeypatch.setenv("HARNESS_HEAD_START", "on")
+    head = HeadStart.maybe("auto", 30.0)
+    assert head is not None and head.key == "cpu"
+    head.close()
+
+
+@pytest.mark.slow
+def test_a_run_compiles_its_first_configs_before_the_fleet(tmp_path: Path) -> None:
+    """A run on its own Ray (the interpreter, compile-ahead forced): the head start
+    compiles the first study's known configs (its default and its strategy's first asks)
+    and the run goes on as usual."""
+    exp = {
+        "name": "head", "kernel": "rmsnorm", "shapes": [{"rows": 5, "cols": 300}],
+        "dtypes": ["fp32"],
+        "search": {"sampler": "grid", "trials": 3, "warm_start": False, "remeasure_top_k": 0},
+        "search_space": {"params": {"BLOCK_SIZE": [512, 1024], "num_warps": [1, 2]}},
+        "baselines": {"compile": False},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    env = cli_env(tmp_path / "events")
+    env.update(TRITON_INTERPRET="1", HARNESS_PRECOMPILE="force", HARNESS_HEAD_START="on",
+               TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "exp.yaml", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout)
+    head = out["head_start"]
+    # The default config, then the grid's first asks (3 trials), compiled without error.
+    assert head["hardware"] == "cpu" and head["submitted"] >= 3, head
+    assert head["compiled"] == head["submitted"], head
+    (row,) = out["rows"]
+    assert row["counts"]["measured"] >= 2 and row["counts"]["failed"] == 0, row["counts"]
