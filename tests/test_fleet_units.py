@@ -369,3 +369,30 @@ def test_the_node_compile_service_compiles_a_config_once_and_its_twins_after_it(
     assert sorted(e["N"] for e in compiles) == [256, 512]  # once per shape, not per ask
     first, second = sorted(compiles, key=lambda e: e["t"])
     assert first["N"] == 256 and second["t"] - first["t"] >= 0.3  # after the first's
+
+
+def test_a_pattern_study_hands_its_first_asks_to_compile(tmp_path: Path) -> None:
+    """The pattern walk's first asks depend on its seed alone until a result arrives: a
+    new worker is given the default and those asks to compile, and a study on four GPUs
+    (asks ahead of results) asks exactly them."""
+    from harness.kernel import api as kernel_api
+    from harness.run.schedule import known_configs as _known_configs
+    from harness.search import spaces
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "matmul_grid216.yaml"
+    exp = experiment.load(path, [f"output.packs_dir={tmp_path / 'packs'}",
+                                 "search.sampler=pattern", "search.trials=10",
+                                 "search.warm_start=true"])
+    study = experiment.ExperimentPlan.checked(path, exp).for_hardware(["H200"]).studies[0]
+    fam = kernel_api.get("matmul")
+    known = _known_configs(study)
+    assert known[0] == fam.default_config and len(known) == 11
+    space = spaces.resolve([spaces.for_kernel(fam), exp.search_space], "nvidia", "H200")
+    search = Search(study.spec, space, spec_for_key("H200"), exp.search,
+                    make_storage(storage_url(tmp_path, "pattern")), exp.seed, 4)
+    asked = []
+    while (got := search.ask()) is not None:  # nothing told yet: the study's 10 trials
+        asked.append(got[1])
+    assert len(asked) == 10
+    assert asked[0] == {k: fam.default_config[k] for k in space}  # enqueued, not asked
+    assert asked[1:] == known[1:10]

@@ -110,16 +110,26 @@ def known_configs(study: experiment.StudyPlan) -> list[dict[str, Any]]:
     # for what its strategy chooses: compiled in that order, what is timed first is
     # compiled first.
     out = [dict(fam.default_config)]
+    seeds = []
     if settings.seed_from_packs:
-        out += [dict(c) for c, _ in warmstart.seeds_from_packs(
+        seeds = [dict(c) for c, _ in warmstart.seeds_from_packs(
             study.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
+    out += seeds
     n = min(MAX_KNOWN - len(out), settings.trials)
     if n <= 0:
         return out
     # Checked lazily (exact_limit=0): as many configs as the strategy walks past, no more.
     valid = study.valid(exact_limit=0)
+
+    def point(config: dict[str, Any]) -> Any:
+        """The config's valid point of the space, as the study's own set-up finds it."""
+        config = {k: v for k, v in config.items() if k in valid.names}
+        idx = valid.index(config) if set(config) == set(valid.names) else None
+        return idx if idx is not None and valid.reason(idx) is None else None
+
+    starts = tuple(p for p in map(point, seeds) if p is not None)
     strategy = strategies.get(settings.strategy)(
-        Setup(valid, study.seed, settings.trials, parallel=1))
+        Setup(valid, study.seed, settings.trials, 1, point(out[0]), starts))
     return out + [valid.config(p) for p in strategy.ahead(n)]
 
 

@@ -83,6 +83,7 @@ class Strategy(ABC):
         """The outcome of a config the study measured (asked by this strategy or not)."""
 
     def ahead(self, n: int) -> list[Point]:
-        """Up to ``n`` points this strategy asks first whatever the results (a grid: its
-        order), which workers compile while they start; [] where results decide."""
+        """Up to ``n`` points this strategy asks first, which the workers compile while
+        they start: whatever the results (a grid: its order), or those it asks before
+        its first result arrives; [] where it cannot tell."""
         return []
