@@ -40,6 +40,7 @@ def test_few_cores_no_head_start_unless_asked(monkeypatch) -> None:
     monkeypatch.setenv("HARNESS_HEAD_START", "on")
     head = HeadStart.maybe("auto", 30.0)
     assert head is not None and head.key == "cpu"
+    assert head.pool.children() == []  # started off the caller's thread (``start``)
     head.close()
 
 

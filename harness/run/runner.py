@@ -448,9 +448,11 @@ def _check(members: list[Member], summary: Summary) -> None:
 
 
 def _head_start_once_valid(checked: Future, members: list[Member], head: HeadStart) -> None:
-    """Once every file passed its checks: the configs known for the first study of this
-    machine's GPU type (as ``_run`` sends the workers), compiled by the head start."""
+    """The head start's processes started at once (beside Ray's start and the checks);
+    once every file passed its checks, the configs known for the first study of this
+    machine's GPU type (as ``_run`` sends the workers) compiled there."""
     try:
+        head.start()
         if checked.exception() is not None:
             head.close()
             return
