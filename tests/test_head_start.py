@@ -72,3 +72,31 @@ def test_a_run_compiles_its_first_configs_before_the_fleet(tmp_path: Path) -> No
     assert head["compiled"] == head["submitted"], head
     (row,) = out["rows"]
     assert row["counts"]["measured"] >= 2 and row["counts"]["failed"] == 0, row["counts"]
+
+
+@pytest.mark.slow
+def test_a_prebuild_that_fails_is_counted_not_raised(tmp_path: Path, monkeypatch) -> None:
+    """The torch.compile prebuild needs a GPU (Inductor runs what it builds): on the CPU
+    it fails in its process, is counted as not compiled, and the configs still compile."""
+    from harness import experiment
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("HARNESS_PRECOMPILE", "force")
+    monkeypatch.setenv("HARNESS_HEAD_START", "on")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(head_start, "starts_own_ray", lambda: True)
+    monkeypatch.setattr(head_start, "gpu_device_nodes", lambda: False)
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "pre", "kernel": "rmsnorm", "shapes": [{"rows": 5, "cols": 300}],
+        "dtypes": ["fp32"], "search": {"sampler": "grid", "trials": 2}}))
+    exp = experiment.load(path)
+    study = experiment.ExperimentPlan.checked(path, exp).for_hardware(["cpu"]).studies[0]
+    head = HeadStart.maybe("auto", 60.0)
+    assert head is not None
+    head.start()
+    configs = [study.default_config, {**study.default_config, "BLOCK_SIZE": 1024}]
+    head.submit(study, configs, prebuild=True)
+    head.wait_done(120)
+    assert head.report() == {"hardware": "cpu", "submitted": 3, "compiled": 2}

@@ -21,6 +21,7 @@ from concurrent.futures import wait
 from typing import Any
 
 from harness.fleet.compile import (
+    PREBUILD,
     Precompiler,
     gpu_device_nodes,
     pin_triton_cache_dir,
@@ -78,6 +79,7 @@ class HeadStart:
 
     def __init__(self, key: str, timeout_s: float) -> None:
         self.key = key
+        self._closer: threading.Thread | None = None
         self.submitted = 0
         self.done = 0
         pin_triton_cache_dir()  # the workers' and the compile service's cache
@@ -111,27 +113,47 @@ class HeadStart:
             log.warning("no head start for the first compiles: %s", exc)
             return None
 
-    def submit(self, study: Any, configs: Sequence[dict[str, Any]], seed: int = 0) -> None:
+    def submit(self, study: Any, configs: Sequence[dict[str, Any]], prebuild: bool,
+               seed: int = 0) -> None:
         """Compile ``configs`` of ``study`` (a ``StudyPlan`` on this machine's key), on
         its inputs' layout built on the CPU (a layout, not data: a data-dependent
-        specialisation that differs from the GPU's only costs a compile in vain)."""
+        specialisation that differs from the GPU's only costs a compile in vain); then,
+        where ``prebuild``, build its torch.compile baseline as the node's compile
+        service would (``PREBUILD``: Inductor's output into this machine's caches, which
+        the worker's own build of the final rounds then finds). The processes end once
+        all of it is done: each holds a CUDA context."""
         spec, fam = study.spec, study.family
-        if not fam.compiles_ahead or not configs:
-            return
-        inputs = fam.make_inputs(spec.shape, spec.dtype, seed, "cpu")
         problem = problem_key(spec.kernel, spec.shape, spec.dtype, seed)
-        self.pool.submit(problem, spec.kernel, spec.shape, skeleton(inputs), configs)
-        self.submitted += len(configs)
-        futures = [f for c in configs if (f := self.pool.pending(problem, c)) is not None]
-        # Its children go once their compiles are done: they hold a CUDA context each.
-        threading.Thread(target=self._close_when_done, args=(futures,),
-                         name="harness-head-start", daemon=True).start()
+        jobs: list[tuple[Any, list[dict[str, Any]]]] = []
+        if fam.compiles_ahead and configs:
+            inputs = fam.make_inputs(spec.shape, spec.dtype, seed, "cpu")
+            jobs.append((skeleton(inputs), list(configs)))
+        if prebuild:
+            jobs.append((None, [{PREBUILD: "torch.compile", "dtype": spec.dtype,
+                                 "seed": seed}]))
+        futures = []
+        for skel, batch in jobs:
+            self.pool.submit(problem, spec.kernel, spec.shape, skel, batch)
+            self.submitted += len(batch)
+            futures += [f for c in batch if (f := self.pool.pending(problem, c)) is not None]
+        self._closer = threading.Thread(target=self._close_when_done, args=(futures,),
+                                        name="harness-head-start", daemon=True)
+        self._closer.start()
 
     def _close_when_done(self, futures: list) -> None:
         wait(futures)  # every compile resolves: done, failed or timed out by the pool
         self.done = sum(1 for f in futures if not f.cancelled() and f.exception() is None
                         and (f.result() or {}).get("ok"))
         self.close()
+
+    def wait_done(self, timeout_s: float) -> None:
+        """Wait until the submitted compiles are done and the processes gone."""
+        closer = self._closer
+        if closer is not None:
+            closer.join(timeout=timeout_s)
+            if closer.is_alive():
+                raise TimeoutError(f"the head start's {self.submitted} compiles were not "
+                                   f"done after {timeout_s:g} s")
 
     def close(self) -> None:
         self.pool.close()

@@ -458,11 +458,13 @@ def _head_start_once_valid(checked: Future, members: list[Member], head: HeadSta
             return
         studies = [s for m in members for s in _plan(m).for_hardware([head.key]).studies]
         first = schedule.first_studies(studies).get(head.key)
-        if first is None or next(m for m in members
-                                 if m.name == first.spec.experiment).resume:
+        owner = None if first is None else next(m for m in members
+                                                if m.name == first.spec.experiment)
+        if first is None or owner is None or owner.resume:
             head.close()
             return
-        head.submit(first, schedule.known_configs(first))
+        head.submit(first, schedule.known_configs(first),
+                    prebuild=mem.want_compile(owner.exp, first.device))
     except Exception as exc:  # only a head start: the fleet compiles them as usual
         log.warning("the head start of the first compiles failed: %s", exc)
         head.close()
