@@ -12,7 +12,9 @@
 #   quickstart `kharness run configs/quickstart.yaml` on one GPU: cold (a Ray of its
 #             own), then twice on a `ray start` fleet with kept workers.
 # Usage: OUT=<folder> GPUS=1,2,4 PARTS=probe,scaling bash benchmarks/fleet_gpu.sh
-# Writes into $OUT: device.txt and, per part, its JSON summaries and logs.
+# Writes into $OUT: device.txt and, per part, its JSON summaries and logs. With
+# TARBALL=<file.tgz>, $OUT is packed into it after each run and every 20 s, so that a
+# command stopped at a time limit keeps what it measured in one file.
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/fleet-gpu}"
@@ -28,6 +30,11 @@ mkdir -p "$OUT"
 print('triton', triton.__version__, 'torch', torch.__version__)"; \
   echo "git ${HARNESS_GIT_SHA:-unknown}"; } > "$OUT/device.txt" 2>&1
 want() { [[ ",$PARTS," == *",$1,"* ]]; }
+checkpoint() {
+  if [ -n "${TARBALL:-}" ]; then
+    tar czf "$TARBALL.part" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$TARBALL.part" "$TARBALL"
+  fi
+}
 stamp() { "$PY" -c "import time; print(time.monotonic())"; }
 
 # One `python -m harness run` from $dir: name, experiment, GPUs, limit, extra arguments.
@@ -43,6 +50,7 @@ one_run() {
   { echo "command: python -m harness run $exp $* (CUDA_VISIBLE_DEVICES=$gpus, in $dir)";
     echo "exit $rc, wall $("$PY" -c "print(round($t1 - $t0, 2))") s";
     tail -c 6000 "$dir/$name.stderr"; } > "$OUT/$name.log"
+  checkpoint
 }
 
 # A `ray start` fleet over the given GPUs, its Triton cache $dir/triton-cache.
@@ -52,19 +60,27 @@ fleet_up() {
     --num-gpus "$(echo "$1" | tr ',' '\n' | wc -l)" > "$dir/ray-start.log" 2>&1)
 }
 fleet_down() { ray stop --force > /dev/null 2>&1; }
+if [ -n "${TARBALL:-}" ]; then
+  ( while sleep 20; do checkpoint; done ) &
+  PACKER=$!
+  trap 'kill $PACKER 2> /dev/null; checkpoint' EXIT
+fi
 
 if want probe; then
   timeout 200 "$PY" "$ROOT/benchmarks/startup_probe.py" --out "$OUT/probe.json" \
     > /dev/null 2> "$OUT/probe.log"
+  checkpoint
 fi
 if want scaling; then
   timeout "${SCALING_S:-330}" "$PY" "$ROOT/benchmarks/fleet_scaling.py" --gpus "$GPUS" \
     --out "$OUT/scaling" --work "$WORK/scaling" > "$OUT/scaling.log" 2>&1
+  checkpoint
 fi
 if want warm; then
   timeout "${WARM_S:-420}" "$PY" "$ROOT/benchmarks/fleet_scaling.py" --gpus "$GPUS" --warm \
     --out "$OUT/warm" --work "$WORK/warm" > "$OUT/warm.log" 2>&1
   fleet_down
+  checkpoint
 fi
 if want softmax; then
   for gpus in 0 "$ALL_GPUS"; do
