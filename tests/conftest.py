@@ -12,6 +12,14 @@ from pathlib import Path
 
 import pytest
 
+# A GPU per test process: `HARNESS_TEST_GPUS=0,1,2,3 pytest -m gpu -n 4 --dist loadfile`
+# gives xdist's worker gwN the N-th of those GPUs (and the runs it starts), so that the GPU
+# tests of a 4-GPU machine run four files at once. Set before torch opens the device.
+_gpus = [g for g in os.environ.get("HARNESS_TEST_GPUS", "").split(",") if g.strip()]
+if _gpus and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    _n = int(os.environ["PYTEST_XDIST_WORKER"][2:])
+    os.environ["CUDA_VISIBLE_DEVICES"] = _gpus[_n % len(_gpus)].strip()
+
 try:
     import torch
 
