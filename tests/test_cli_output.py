@@ -281,13 +281,21 @@ def test_the_summary_fits_100_columns():
                       events=["worker 3 on node 10.0.0.7 replaced after a CUDA error"],
                       wall_s=1234.5, held_s=4321.0, timing_s=2000.0, timing_fraction=0.46,
                       overhead={"timing": 2000.0, "first_call": 300.0, "idle": 20.0},
-                      first_calls={"watched": 8, "compiled_in_worker": 1, "ahead_missed": 0},
-                      replaced=1, retried=2)
+                      first_calls={"watched": 8, "compiled_in_worker": 1, "ahead_missed": 0,
+                                   "compiled_here": 2},
+                      replaced=1, retried=2,
+                      fleet={"compile_services": {"f" * 56: {
+                          "processes": 14, "first_ready_s": 2.5, "all_ready_s": 9.25,
+                          "ready": 14, "first_compile_done_s": 4.0}}},
+                      head_start={"hardware": "H200", "submitted": 11, "compiled": 10,
+                                  "first_ready_s": 3.0, "all_ready_s": 3.5, "ready": 2,
+                                  "first_compile_done_s": 5.0})
     buf = io.StringIO()
     print_summary(Console(file=buf, width=WIDTH, force_terminal=False), summary, quiet=False)
     lines = buf.getvalue().splitlines()
     assert max(map(len, lines)) <= WIDTH, "\n".join(lines)
-    table = lines[lines.index(next(x for x in lines if x.lstrip().startswith("─"))) + 1:]
+    table = lines[lines.index(next(x for x in lines if x.lstrip().startswith("─"))) + 1:
+                  lines.index(next(x for x in lines if x.startswith("wall ")))]
     first = [x for x in table if x.lstrip().startswith(("1 ", "2 ", "3 "))]
     assert len(first) == 6  # the three rows of the table, then their three configs
     # Two lines per study: kernel and dtype, then the shape, folded nowhere.
@@ -298,6 +306,13 @@ def test_the_summary_fits_100_columns():
     assert "BLOCK_K=" not in text and "GROUP_M=" not in text  # the default's values
     assert "2 the default config" in text and "3 none" in text
     assert f"MLflow: sqlite:///mlflow.db (parent run {'0' * 32})" in text
+    assert ("first launches: 5 of 8 loaded a compiled binary, 1 compiled in the worker "
+            "(0 despite compile-ahead), 2 compiled there while the compile service "
+            "started") in text
+    assert ("compile service ffffffff: 14 processes, first ready 2.5 s, all 9.2 s, first "
+            "compile done 4.0 s after it started") in text
+    assert ("head start: 10 of 11 builds done; 2 processes, first ready 3.0 s, all 3.5 s, "
+            "first compile done 5.0 s after it started") in text
     config = next(i for i, x in enumerate(lines) if x.startswith(" 1 BLOCK_M="))
     assert lines[config + 1].startswith("   ") and "=" in lines[config + 1]  # wrapped
     # The table's own width, unfolded, is within the 100 columns.

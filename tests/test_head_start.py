@@ -70,6 +70,11 @@ def test_a_run_compiles_its_first_configs_before_the_fleet(tmp_path: Path) -> No
     # The default config, then the grid's first asks (3 trials), compiled without error.
     assert head["hardware"] == "cpu" and head["submitted"] >= 3, head
     assert head["compiled"] == head["submitted"], head
+    assert head["all_ready_s"] is not None and head["first_compile_done_s"] is not None
+    # Where the node's compile service spent its start (seconds from its pool's start).
+    (service,) = out["compile_services"].values()
+    assert service["ready"] == service["processes"] >= 1, service
+    assert 0 < service["first_ready_s"] <= service["all_ready_s"], service
     (row,) = out["rows"]
     assert row["counts"]["measured"] >= 2 and row["counts"]["failed"] == 0, row["counts"]
 
@@ -99,4 +104,6 @@ def test_a_prebuild_that_fails_is_counted_not_raised(tmp_path: Path, monkeypatch
     configs = [study.default_config, {**study.default_config, "BLOCK_SIZE": 1024}]
     head.submit(study, configs, prebuild=True)
     head.wait_done(120)
-    assert head.report() == {"hardware": "cpu", "submitted": 3, "compiled": 2}
+    report = head.report()
+    assert {k: report[k] for k in ("hardware", "submitted", "compiled")} == {
+        "hardware": "cpu", "submitted": 3, "compiled": 2}, report

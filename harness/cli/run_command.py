@@ -163,6 +163,7 @@ def summary_json(summary: Any) -> dict[str, Any]:
         "worker_nice": summary.worker_nice,
         "mlflow_logger": summary.mlflow_logger,
         "first_calls": summary.first_calls, "head_start": summary.head_start,
+        "compile_services": summary.fleet.get("compile_services", {}),
         "workers_replaced": summary.replaced, "workers_reused": summary.reused,
         "trials_retried": summary.retried,
         "events": summary.events,
@@ -173,7 +174,8 @@ def summary_json(summary: Any) -> dict[str, Any]:
 #: The keys of ``summary_json`` that are the fleet's: a campaign's, once for all.
 FLEET_KEYS = ("interpreted", "wall_s", "gpu_held_s", "kernel_timing_s", "timing_fraction",
               "overhead_s", "timeline_s", "worker_startup_s", "worker_nice", "first_calls",
-              "head_start", "workers_replaced", "workers_reused", "trials_retried", "events")
+              "head_start", "compile_services", "workers_replaced", "workers_reused",
+              "trials_retried", "events")
 
 
 def campaign_json(result: Any) -> dict[str, Any]:

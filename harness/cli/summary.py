@@ -203,8 +203,29 @@ def _fleet(out: Console, summary: Any) -> None:
                   f"compiled in the worker ({fc['ahead_missed']} despite compile-ahead)"
                   + (f", {here} compiled there while the compile service started"
                      if here else ""))
+    for node, svc in summary.fleet.get("compile_services", {}).items():
+        line = _pool_line(svc)
+        if line:
+            out.print(f"compile service {node[:8]}: {line}", markup=False, highlight=False)
+    head = summary.head_start
+    if head.get("submitted"):
+        out.print(f"head start: {head['compiled']} of {head['submitted']} builds done; "
+                  f"{_pool_line(head)}",
+                  markup=False, highlight=False)
     for event in summary.events:
         out.print(f"fleet: {event}", markup=False)
+
+
+def _pool_line(pool: dict[str, Any]) -> str:
+    """A compile pool's start: when its processes were ready and its first compile done
+    (seconds from its start); empty where it has no figures."""
+    if pool.get("first_ready_s") is None:
+        return ""
+    line = (f"{pool.get('processes', pool.get('ready'))} processes, first ready "
+            f"{pool['first_ready_s']:.1f} s, all {fmt(pool.get('all_ready_s'), '.1f', ' s')}")
+    if pool.get("first_compile_done_s") is not None:
+        line += f", first compile done {pool['first_compile_done_s']:.1f} s"
+    return line + " after it started"
 
 
 def _mlflow(out: Console, summary: Any) -> None:

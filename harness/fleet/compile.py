@@ -381,6 +381,11 @@ class Precompiler:
         self._start_failures = 0
         self._retry_at = 0.0
         self._progress = time.monotonic()  # the last start, outcome or ready child
+        #: Seconds from the pool's start to each child's first "ready" and to its first
+        #: compile done (``timeline``): how long a cold start waits for the pool.
+        self._t_boot = 0.0
+        self._ready_s: list[float] = []
+        self._first_done_s: float | None = None
 
     # -- the pool's life ----------------------------------------------------------------
     def start(self) -> None:
@@ -414,7 +419,7 @@ class Precompiler:
                     os.close(fd)
             self._wake_r = self._wake_w = -1
             return False
-        self._progress = time.monotonic()
+        self._progress = self._t_boot = time.monotonic()
         self._pump = threading.Thread(target=self._run, name="harness-compile-pool",
                                       daemon=True)
         self._pump.start()
@@ -504,6 +509,21 @@ class Precompiler:
         with self._lock:
             return [{"pid": ch.pid, "nice": ch.nice, "ready": ch.ready,
                      "busy": ch.task is not None} for ch in self._children]
+
+    def timeline(self) -> dict[str, Any]:
+        """Seconds from the pool's start until its first child, half of them and all of
+        them were ready (imported, warmed up), and until its first compile was done."""
+        with self._lock:
+            ready = sorted(self._ready_s)
+            first_done = self._first_done_s
+        n = self.processes
+
+        def at(k: int) -> float | None:
+            return round(ready[k - 1], 2) if 0 < k <= len(ready) else None
+
+        return {"first_ready_s": at(1), "half_ready_s": at((n + 1) // 2),
+                "all_ready_s": at(n), "ready": len(ready),
+                "first_compile_done_s": None if first_done is None else round(first_done, 2)}
 
     def close(self) -> None:
         """End the children (a busy one is killed: Triton writes its cache files whole, by
@@ -663,8 +683,12 @@ class Precompiler:
             if msg[0] == "ready":
                 ch.ready, ch.pid, ch.nice = True, msg[1], msg[2]
                 self._start_failures = 0
+                if len(self._ready_s) < 4096:
+                    self._ready_s.append(now - self._t_boot)
             elif msg[0] == "done" and ch.task is not None and ch.task.tid == msg[1]:
                 done, ch.task = (ch.task, msg[2]), None
+                if self._first_done_s is None:
+                    self._first_done_s = now - self._t_boot
             nxt = self._take_locked(ch, now)
         # The child's next config first, its outcome after: the outcome's callbacks (the
         # service, its clients) would otherwise leave the child idle meanwhile, and a

@@ -373,7 +373,7 @@ class _Service:
         return {"processes": self.pre.processes, "pid": os.getpid(), "node": self.node,
                 "compile_timeout_s": self.timeout_s, **self.stats,
                 "children_killed": self.pre.stats["killed"],
-                "children_lost": self.pre.stats["lost"]}
+                "children_lost": self.pre.stats["lost"], **self.pre.timeline()}
 
     def close(self) -> None:
         self.pre.close()

@@ -159,4 +159,5 @@ class HeadStart:
         self.pool.close()
 
     def report(self) -> dict[str, Any]:
-        return {"hardware": self.key, "submitted": self.submitted, "compiled": self.done}
+        return {"hardware": self.key, "submitted": self.submitted, "compiled": self.done,
+                **self.pool.timeline()}
