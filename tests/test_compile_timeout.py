@@ -92,6 +92,10 @@ class StandInPool:
     def stalled_s(self) -> float:
         return 0.0
 
+    def timeline(self) -> dict[str, Any]:
+        return {"first_ready_s": 0.0, "half_ready_s": 0.0, "all_ready_s": 0.0, "ready": 1,
+                "first_compile_done_s": None}
+
     def close(self) -> None:
         pass
 
