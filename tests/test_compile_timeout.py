@@ -24,13 +24,8 @@ import pytest
 
 from harness.experiment import FleetSettings
 from harness.fleet import compile as fleet_compile
-from harness.fleet.compile import (
-    COMPILE_TIMEOUT_S,
-    Precompiler,
-    problem_key,
-    skeleton,
-    timeout_outcome,
-)
+from harness.fleet.compile import COMPILE_TIMEOUT_S, Precompiler, problem_key
+from harness.fleet.compile_child import skeleton, timeout_outcome
 from harness.fleet.compile_service import NodeCompiler, _Service
 from harness.search.keys import config_key
 from tests.fault_kernels import Faulty
@@ -412,7 +407,8 @@ class SoftmaxSm90(Faulty):
 _SM90_POOL = """
 import json, time
 import torch
-from harness.fleet.compile import Precompiler, problem_key, skeleton
+from harness.fleet.compile import Precompiler, problem_key
+from harness.fleet.compile_child import skeleton
 from harness.search.keys import config_key
 
 kernel = "tests.test_compile_timeout:SoftmaxSm90"

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from harness import experiment
 from harness.experiment import ExperimentError, SearchSettings, StudySpec
-from harness.fleet import Fleet, NoHardwareError, check_placement
+from harness.fleet import Fleet, NoHardwareError, check_placement, compile_child
 from harness.fleet import compile as fleet
 from harness.fleet.compile import Precompiler
 from harness.measure.hardware import spec_for_key
@@ -120,13 +120,13 @@ def test_grouped_gemm_drops_amd_launch_options_off_rocm() -> None:
 
 def test_skeleton_round_trip() -> None:
     inputs = {"a": torch.randn(4, 6)[:, :3], "meta": [1, 2], "pair": (torch.ones(2), 5)}
-    skel = fleet.skeleton(inputs)
-    assert isinstance(skel["a"], fleet.TensorSpec) and skel["meta"] == [1, 2]
-    again = fleet.materialise(skel)  # meta: the layout without memory
+    skel = compile_child.skeleton(inputs)
+    assert isinstance(skel["a"], compile_child.TensorSpec) and skel["meta"] == [1, 2]
+    again = compile_child.materialise(skel)  # meta: the layout without memory
     assert again["a"].device.type == "meta" and again["a"].dtype == torch.float32
     assert again["a"].shape == (4, 3) and again["a"].stride() == (6, 1)
     assert again["pair"][0].dtype == torch.float32 and again["pair"][1] == 5
-    assert fleet.materialise(skel, "cpu")["a"].device.type == "cpu"
+    assert compile_child.materialise(skel, "cpu")["a"].device.type == "cpu"
 
 
 @pytest.mark.slow
@@ -135,7 +135,7 @@ def test_precompiler_compiles_in_a_child_process(tmp_path: Path, monkeypatch) ->
     from tests.fault_kernels import Faulty
 
     shape = {"N": 64}
-    skel = fleet.skeleton(Faulty().make_inputs(shape, "fp32", 0, "cpu"))
+    skel = compile_child.skeleton(Faulty().make_inputs(shape, "fp32", 0, "cpu"))
     pre = Precompiler(1)
     try:
         configs = [{"FAULT": "none", "SLEEP_MS": s} for s in (1, 2)]
@@ -153,7 +153,7 @@ def test_precompiler_compiles_in_a_child_process(tmp_path: Path, monkeypatch) ->
         # The children run below this process's priority (each reports os.nice(0)).
         children = pre.children()
         assert len(children) == 1 and children[0]["pid"] == out["pid"]
-        assert children[0]["nice"] == min(19, os.nice(0) + fleet.COMPILE_NICE)
+        assert children[0]["nice"] == min(19, os.nice(0) + compile_child.COMPILE_NICE)
     finally:
         pre.close()
     compiled = [e for e in read_events(tmp_path) if e["event"] == "compile"]
@@ -339,7 +339,8 @@ def test_the_node_compile_service_compiles_a_config_once_and_its_twins_after_it(
         tmp_path: Path, monkeypatch) -> None:
     """One service per node: a config asked for twice (two GPUs) compiles once; the same
     config at another shape (often the same binary) starts only once the first is done."""
-    from harness.fleet.compile import problem_key, skeleton
+    from harness.fleet.compile import problem_key
+    from harness.fleet.compile_child import skeleton
     from harness.fleet.compile_service import _Service
     from tests.fault_kernels import Faulty
 

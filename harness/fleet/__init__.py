@@ -9,7 +9,7 @@ its inputs as layouts without memory, as a compile process gets them.
 """
 
 from harness.fleet.cluster import NoHardwareError, RayStartError, check_placement
-from harness.fleet.compile import materialise, skeleton
+from harness.fleet.compile_child import materialise, skeleton
 from harness.fleet.driver import MAX_RETRIES, Fleet
 from harness.fleet.slots import KEPT_NS, KEPT_PREFIX, Task, code_version
 

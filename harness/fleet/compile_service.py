@@ -49,7 +49,6 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, WorkerC
 from harness.fleet.compile import (
     ANSWER_GRACE_S,
     COMPILE_TIMEOUT_S,
-    PREBUILD,
     Key,
     Precompiler,
     gpu_device_nodes,
@@ -57,6 +56,7 @@ from harness.fleet.compile import (
     precompile_enabled,
     problem_key,
 )
+from harness.fleet.compile_child import PREBUILD
 from harness.run import faults
 from harness.search.keys import config_key
 

@@ -21,14 +21,13 @@ from concurrent.futures import wait
 from typing import Any
 
 from harness.fleet.compile import (
-    PREBUILD,
     Precompiler,
     gpu_device_nodes,
     pin_triton_cache_dir,
     precompile_enabled,
     problem_key,
-    skeleton,
 )
+from harness.fleet.compile_child import PREBUILD, skeleton
 from harness.measure import hardware
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from harness.fleet.compile import (
     pin_triton_cache_dir,
     precompile_enabled,
     problem_key,
-    skeleton,
 )
+from harness.fleet.compile_child import skeleton
 from harness.fleet.compile_service import NodeCompiler
 from harness.measure.timing import Measurer, Timing, TrialResult, hardware
 from harness.run import faults

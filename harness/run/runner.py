@@ -456,7 +456,10 @@ def _head_start_once_valid(checked: Future, members: list[Member], head: HeadSta
         if checked.exception() is not None:
             head.close()
             return
-        studies = [s for m in members for s in _plan(m).for_hardware([head.key]).studies]
+        # The files that run on this GPU type (``_targets``' rule): the others' studies
+        # would compile here in vain.
+        here = [m for m in members if m.exp.hardware == ["auto"] or head.key in m.exp.hardware]
+        studies = [s for m in here for s in _plan(m).for_hardware([head.key]).studies]
         first = schedule.first_studies(studies).get(head.key)
         owner = None if first is None else next(m for m in members
                                                 if m.name == first.spec.experiment)
