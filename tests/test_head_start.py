@@ -100,10 +100,20 @@ def test_a_prebuild_that_fails_is_counted_not_raised(tmp_path: Path, monkeypatch
     study = experiment.ExperimentPlan.checked(path, exp).for_hardware(["cpu"]).studies[0]
     head = HeadStart.maybe("auto", 60.0)
     assert head is not None
-    head.start()
+    assert head.start()
     configs = [study.default_config, {**study.default_config, "BLOCK_SIZE": 1024}]
     head.submit(study, configs, prebuild=True)
     head.wait_done(120)
     report = head.report()
     assert {k: report[k] for k in ("hardware", "submitted", "compiled")} == {
         "hardware": "cpu", "submitted": 3, "compiled": 2}, report
+
+
+def test_no_gpu_type_no_head_start() -> None:
+    """Where NVML names no GPU (this CPU machine: no driver), ``start`` says there is no
+    head start and starts no process."""
+    head = HeadStart(None, 30.0)
+    if head_start.local_hardware_key() is not None:
+        pytest.skip("NVML sees a GPU here")
+    assert head.start() is False and head.pool.children() == []
+    head.close()

@@ -76,19 +76,25 @@ def starts_own_ray() -> bool:
 class HeadStart:
     """The driver's compile children for the first study of this machine's GPU type."""
 
-    def __init__(self, key: str, timeout_s: float) -> None:
-        self.key = key
+    def __init__(self, key: str | None, timeout_s: float) -> None:
+        self.key = key  # None: this machine's GPU type, read by ``start`` (NVML)
         self._closer: threading.Thread | None = None
         self.submitted = 0
         self.done = 0
         pin_triton_cache_dir()  # the workers' and the compile service's cache
         self.pool = Precompiler(PROCESSES, timeout_s=timeout_s)
 
-    def start(self) -> None:
-        """Start the compile processes. It returns once their forkserver has imported
-        torch and Triton (seconds): call it off the thread that starts Ray (on it, Ray
-        started 5 s later on a 4x H200 host)."""
+    def start(self) -> bool:
+        """Read this machine's GPU type and start the compile processes; whether there is
+        a head start. It returns once their forkserver has imported torch and Triton
+        (seconds): call it off the thread that starts Ray (on it, Ray started seconds
+        later on a 4x H200 host)."""
+        if self.key is None:
+            self.key = local_hardware_key()
+            if self.key is None:
+                return False
         self.pool.start()
+        return True
 
     @classmethod
     def maybe(cls, compile_workers: int | str, timeout_s: float) -> HeadStart | None:
@@ -103,11 +109,8 @@ class HeadStart:
         has_gpu = gpu_device_nodes()
         if not precompile_enabled(has_gpu) or not starts_own_ray():
             return None
-        key = local_hardware_key() if has_gpu else "cpu"
-        if key is None:
-            return None
         try:
-            return cls(key, timeout_s)  # not started: ``start``
+            return cls(None if has_gpu else "cpu", timeout_s)  # not started: ``start``
         except Exception as exc:
             log.warning("no head start for the first compiles: %s", exc)
             return None

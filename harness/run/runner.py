@@ -452,15 +452,15 @@ def _head_start_once_valid(checked: Future, members: list[Member], head: HeadSta
     once every file passed its checks, the configs known for the first study of this
     machine's GPU type (as ``_run`` sends the workers) compiled there."""
     try:
-        head.start()
-        if checked.exception() is not None:
+        if not head.start() or checked.exception() is not None:
             head.close()
             return
         # The files that run on this GPU type (``_targets``' rule): the others' studies
         # would compile here in vain.
-        here = [m for m in members if m.exp.hardware == ["auto"] or head.key in m.exp.hardware]
-        studies = [s for m in here for s in _plan(m).for_hardware([head.key]).studies]
-        first = schedule.first_studies(studies).get(head.key)
+        key = str(head.key)
+        here = [m for m in members if m.exp.hardware == ["auto"] or key in m.exp.hardware]
+        studies = [s for m in here for s in _plan(m).for_hardware([key]).studies]
+        first = schedule.first_studies(studies).get(key)
         owner = None if first is None else next(m for m in members
                                                 if m.name == first.spec.experiment)
         if first is None or owner is None or owner.resume:
