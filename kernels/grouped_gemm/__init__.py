@@ -39,9 +39,10 @@ from harness.kernel.api import (
     Tunable,
     register,
 )
+from kernels._gemm_tiles import AMD_KWARGS
 
 from . import constraints
-from .triton_path import AMD_KWARGS, check_tma_layout, num_sms, triton_launch
+from .triton_path import check_tma_layout, num_sms, triton_launch
 
 try:
     from . import gluon as _gluon

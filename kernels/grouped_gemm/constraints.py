@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from harness.kernel.api import DeviceSpec, Shape
+from kernels._gemm_tiles import tile_reason
 
-from .triton_path import AMD_KWARGS, next_pow2
+from .triton_path import next_pow2
 
 # Tunables of earlier versions of the kernel, with the value they now always have (no
 # shipped pack used another, no study found one winning). A config or an old pack entry
@@ -97,17 +98,9 @@ def check_config(cfg: dict[str, Any], shape: Shape, device: DeviceSpec,
         return why
     if engine not in GLUON_ENGINES:
         return f"GLUON={cfg['GLUON']}: 0 (the Triton kernels) or 3 (the Gluon kernel)"
-    # AMD launch knobs are refused by the NVIDIA backend; the launcher drops them there,
-    # so such a config would only repeat the one without them.
-    amd_keys = [k for k in AMD_KWARGS if k in cfg]
-    if amd_keys and device.vendor != "amd":
-        return f"{', '.join(amd_keys)}: AMD-only launch options on a {device.vendor} device"
-    # tl.dot needs every tile dimension >= 16 and arange needs powers of two.
-    for name, v in (("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk)):
-        if v < 16 or v & (v - 1):
-            return f"{name}={v}: must be a power of two >= 16"
-    if int(cfg["GROUP_M"]) < 1:
-        return f"GROUP_M={cfg['GROUP_M']}: must be >= 1"
+    why = tile_reason(cfg, cfg, device)
+    if why:
+        return why
     if use_tma:
         # Interpreted Triton emulates descriptors (checked on 3.9), so CPU runs test it.
         if not (device.has_tma or device.interpreted):

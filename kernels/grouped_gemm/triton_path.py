@@ -21,10 +21,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.kernel.api import Config, Launch
-
-# Launch options that only the AMD backend knows: the NVIDIA backend raises on them, so
-# they are passed only where the config has them and the GPU is a ROCm one.
-AMD_KWARGS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+from kernels._gemm_tiles import amd_meta
 
 # Programs of the persistent variant when there is no GPU to ask (the interpreter): small,
 # so that each program still loops over several tiles.
@@ -359,7 +356,7 @@ def triton_launch(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
         "num_stages": int(cfg["num_stages"]),
     }
     if a.device.type != "cpu" and torch.version.hip is not None:
-        meta.update({k: cfg[k] for k in AMD_KWARGS if k in cfg})
+        meta.update(amd_meta(cfg))
     if not int(cfg["USE_TMA"]):
         args = (a, w, out, offsets, N, K, E, a.stride(0), w.stride(0), w.stride(1),
                 out.stride(0), num_progs)

@@ -27,12 +27,10 @@ from harness.kernel.api import (
     Tunable,
     register,
 )
+from kernels._gemm_tiles import amd_meta, tile_reason
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-# Launch options only the AMD backend knows (the NVIDIA backend raises on them): passed
-# only where the config has them and the GPU is a ROCm one.
-_AMD_KWARGS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
 
 @triton.jit
@@ -195,7 +193,7 @@ class Matmul(SingleLaunch, Kernel):
         }
         # Not on the CPU; "meta" inputs are compile_only's stand-ins for GPU ones.
         if a.device.type != "cpu" and torch.version.hip is not None:
-            meta.update({k: cfg[k] for k in _AMD_KWARGS if k in cfg})
+            meta.update(amd_meta(cfg))
         return _matmul_kernel, grid, args, meta, out
 
     # -- cost model -------------------------------------------------------------------
@@ -218,15 +216,9 @@ class Matmul(SingleLaunch, Kernel):
         cfg = {**self.default_config, **config}
         bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
         warps, stages = int(cfg["num_warps"]), int(cfg["num_stages"])
-        amd_keys = [k for k in _AMD_KWARGS if k in config]
-        if amd_keys and device.vendor != "amd":
-            return f"{', '.join(amd_keys)}: AMD-only launch options on a {device.vendor} device"
-        # tl.dot needs every tile dimension >= 16 and arange needs powers of two.
-        for name, v in (("BLOCK_M", bm), ("BLOCK_N", bn), ("BLOCK_K", bk)):
-            if v < 16 or v & (v - 1):
-                return f"{name}={v}: must be a power of two >= 16"
-        if int(cfg["GROUP_M"]) < 1:
-            return f"GROUP_M={cfg['GROUP_M']}: must be >= 1"
+        why = tile_reason(config, cfg, device)
+        if why:
+            return why
         # A tile larger than the padded dimension is mostly masked-out work.
         for name, v, dim in (("BLOCK_M", bm, "M"), ("BLOCK_N", bn, "N"), ("BLOCK_K", bk, "K")):
             if v > max(16, _next_pow2(int(shape[dim]))):
