@@ -35,7 +35,7 @@ import triton.language as tl
 
 from harness.kernel.api import Config, Inputs, Kernel, Shape, Tolerance
 
-FAULTS = ("none", "compile", "oor", "illegal", "hang", "wrong", "nan")
+FAULTS = ("none", "compile", "oor", "illegal", "hang", "wrong", "nan", "inexact")
 
 
 @triton.jit
@@ -163,6 +163,8 @@ class Faulty(Kernel):
             _scale_kernel[grid](x, y, n, BLOCK=block)
             if fault == "wrong":
                 y.add_(1)
+            elif fault == "inexact":  # inside the tolerance, 1e-3 off: a tf32-like config
+                y.mul_(1 + 1e-3)
             elif fault == "nan":
                 y[0] = float("nan")
             return y

@@ -147,14 +147,16 @@ def test_ties_keep_the_packs_current_winner() -> None:
     assert win is a and "robust" in why
 
 
-def _run_faulty(tmp_path: Path, name: str, params: dict, packs_dir: Path, rounds: int) -> dict:
+def _run_faulty(tmp_path: Path, name: str, params: dict, packs_dir: Path, rounds: int,
+                **search: object) -> dict:
     """A run of a Faulty-kernel grid over ``params`` whose two best configs are
-    re-measured in ``rounds`` rounds: the study's summary row."""
+    re-measured in ``rounds`` rounds (``search``: more of its search settings): the
+    study's summary row."""
     exp = {
         "name": name, "kernel": "tests.fault_kernels:WrongDefault", "shapes": [{"N": 256}],
         "dtypes": ["fp32"],
         "search": {"sampler": "grid", "trials": 8, "warm_start": False,
-                   "remeasure_top_k": 2, "remeasure_rounds": rounds},
+                   "remeasure_top_k": 2, "remeasure_rounds": rounds, **search},
         "search_space": {"params": {"FAULT": ["none"], **params}},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         "output": {"packs_dir": str(packs_dir), "runs_dir": str(tmp_path / "runs")},
@@ -222,6 +224,27 @@ def test_a_narrower_search_does_not_replace_the_packs_winner_unseen(
     assert narrow["params"]["SLEEP_MS"] == 100, (narrow["winner_reason"], narrow["remeasured"])
     assert [c["incumbent"] for c in narrow["remeasured"]].count(True) == 1
     assert held() == 100
+
+
+@pytest.mark.slow
+def test_a_packs_winner_that_misses_the_accuracy_requirement_is_replaced(
+        tmp_path: Path, faulty_events: Path, mlflow_db: Path) -> None:
+    """Seen on an H200: a re-tune that requires fp32-level accuracy (``max_rel_err``)
+    kept the pack's tf32 winner, 1000x over it, because the pack's entry is re-measured
+    beside the finalists without the search's accuracy requirement. The faster but
+    inexact entry (rel err 1e-3, inside the kernel's own tolerance) now fails it."""
+    loose = _run_faulty(tmp_path, "loose", {"FAULT": ["inexact"], "SLEEP_MS": [100]},
+                        tmp_path / "packs", rounds=2)
+    assert loose["params"]["FAULT"] == "inexact"
+    strict = _run_faulty(tmp_path, "strict", {"SLEEP_MS": [300, 600]}, tmp_path / "packs",
+                         rounds=2, max_rel_err=1e-4)
+    why = (strict["winner_reason"], strict["remeasured"])
+    assert strict["params"] == {**strict["params"], "FAULT": "none", "SLEEP_MS": 300}, why
+    assert strict["max_rel_err"] <= 1e-4, why
+    inc = [c for c in strict["remeasured"] if c["incumbent"]]
+    assert len(inc) == 1 and not inc[0]["samples_ms"], why  # re-measured, and refused
+    entry = packs.read(tmp_path / "packs" / "cpu" / "faulty.json")["kernels"]["faulty"]
+    assert next(iter(entry["fp32"].values()))["config"]["FAULT"] == "none"
 
 
 def test_candidates_measured_in_the_same_rounds_compare_round_by_round() -> None:

@@ -279,7 +279,7 @@ class Search:
         # from it on resume, so the result attr goes last and the tell right after.
         key = config_key(config)
         if result.ok:
-            result = self._require_accuracy(result)
+            result = self.require_accuracy(result)
         if not result.ok:
             trial.set_user_attr(ATTR_REASON, result.reason)
         trial.set_user_attr(ATTR_STATUS, "measured" if result.ok else "failed")
@@ -300,7 +300,7 @@ class Search:
         the trial there (it is then told PRUNED, status ``cut``), False when it goes on to
         the full measurement. A failed cheap pass is the trial's result (failed)."""
         if result.ok:
-            result = self._require_accuracy(result)
+            result = self.require_accuracy(result)
         if not result.ok:
             self.tell(trial, config, result)
             return True
@@ -319,8 +319,9 @@ class Search:
         self._inform(config, Outcome("cut", result.latency_ms, cost))
         return True
 
-    def _require_accuracy(self, result: TrialResult) -> TrialResult:
-        """The experiment's accuracy requirement: a fast but less accurate config fails."""
+    def require_accuracy(self, result: TrialResult) -> TrialResult:
+        """The experiment's accuracy requirement: a fast but less accurate config fails
+        (in the search and in the finalists' re-measurement alike)."""
         for name, limit in (("max_abs_err", self.settings.max_abs_err),
                             ("max_rel_err", self.settings.max_rel_err)):
             value = getattr(result, name)
