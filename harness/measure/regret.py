@@ -137,7 +137,12 @@ def _fmt(v: Any, spec: str) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
-    sibs = report["siblings"]
+    # Siblings with no pack entry for any case get no columns: one line names them.
+    sibs = [s for s in report["siblings"] if any(
+        r["hardware"] == s for c in report["cases"] for r in c["rows"]) or any(
+        x["hardware"] == s and x.get("same_as_own") for c in report["cases"]
+        for x in c["left_out"])]
+    packless = [s for s in report["siblings"] if s not in sibs]
     lines = [
         f"# Sibling packs on {env['device_name']} ({env['hardware']})", "",
         f"- date: {env['date']}; driver {env.get('driver')}; torch {env['torch']}; "
@@ -146,7 +151,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"- siblings: {', '.join(sibs) or 'none'} (their packs' entries for each shape, run "
         "here); regret = sibling ms / own pack ms, the time a GPU nobody tuned for gives up "
         "by falling back to that sibling's pack. Own, siblings and default config measured "
-        "in turn, in rounds; each figure is its median round.", ""]
+        "in turn, in rounds; each figure is its median round."]
+    if packless:
+        lines.append(f"- no pack entry near any case's shape: {', '.join(packless)}")
+    lines.append("")
     if report["summary"]:
         lines += ["## Regret per kernel", "",
                   "| kernel | sibling | cases | geomean regret | worst |", "|---|---|---|---|---|"]
@@ -180,7 +188,8 @@ def markdown(report: dict[str, Any]) -> str:
             + " | ".join(_fmt(c["regret"].get(s), ".3f") for s in sibs)
             + f" | {_fmt(c['default_vs_own'], '.3f')} |")
     notes = [f"- {c['kernel']} `{c['shape_name']}` {c['dtype']}: {x['hardware']}: {x['why']}"
-             for c in report["cases"] for x in c["left_out"] if not x.get("same_as_own")]
+             for c in report["cases"] for x in c["left_out"]
+             if not x.get("same_as_own") and x["hardware"] in sibs]
     if notes:
         lines += ["", "Not measured:", "", *notes]
     return "\n".join(lines) + "\n"
