@@ -297,9 +297,53 @@ def test_a_compile_over_its_time_out_fails_and_frees_its_child(tmp_path: Path,
         assert waited < 1.0 + 2.0, waited
         nxt = pre.wait(PROBLEM, after)
         assert nxt["ok"] and nxt["pid"] == out["pid"]  # the same child, freed
-        assert pre.stats == {"timed_out": 1, "killed": 0, "lost": 0}
+        assert pre.stats == {"timed_out": 1, "relative": 0, "killed": 0, "lost": 0}
     finally:
         pre.close()
+
+
+@pytest.mark.slow
+def test_a_config_compiling_far_longer_than_its_problems_others_is_cut_early(
+        tmp_path: Path, monkeypatch) -> None:
+    """Five configs of a problem compile in ~0.2 s: a sixth still compiling after 5x
+    their median (here never before 1 s) times out then, long before the 60 s time-out,
+    its child's timer is rung at once, and the same child takes the next config. The same
+    slow config of another problem, whose configs have not compiled yet, is not cut."""
+    monkeypatch.setenv("FAULT_DIR", str(tmp_path))
+    starts: dict[tuple[str, str], float] = {}
+    pre = Precompiler(1, timeout_s=60.0, ratio=5.0, floor_s=1.0,
+                      on_start=lambda k: starts.setdefault(k, time.monotonic()))
+    other = problem_key(FAULTY, {"N": 128}, "fp32", 0)
+    try:
+        pre.start()
+        _until(lambda: all(c["ready"] for c in pre.children()), 60, "a warm child")
+        fast = [_cfg(COMPILE_MS=200, SLEEP_MS=i) for i in range(5)]
+        slow, after = _cfg(COMPILE_MS=8000, SLEEP_MS=9), _cfg(SLEEP_MS=10)
+        pre.submit(PROBLEM, FAULTY, SHAPE, _skel(), [*fast, slow, after])
+        assert all(pre.wait(PROBLEM, c)["ok"] for c in fast)
+        out = pre.wait(PROBLEM, slow)
+        waited = time.monotonic() - starts[_key(slow)]
+        assert out["timeout"] is True and "x the median compile" in out["reason"], out
+        assert 1.0 <= waited < 1.0 + 1.5, waited  # 5 x ~0.2 s, at least the 1 s floor
+        nxt = pre.wait(PROBLEM, after)
+        assert nxt["ok"] and nxt["pid"] == out["pid"]  # the timer freed the same child
+        assert pre.stats["relative"] == 1 and pre.stats["killed"] == 0
+        # Another problem has no compiles yet: the absolute time-out applies to it.
+        pre.submit(other, FAULTY, {"N": 128}, _skel(), [_cfg(COMPILE_MS=2500)])
+        assert pre.wait(other, _cfg(COMPILE_MS=2500))["ok"]
+        assert pre.stats["timed_out"] == 1
+    finally:
+        pre.close()
+
+
+def test_the_relative_time_out_setting() -> None:
+    assert FleetSettings().compile_timeout_ratio == fleet_compile.COMPILE_TIMEOUT_RATIO == 5.0
+    assert FleetSettings(compile_timeout_ratio=0).compile_timeout_ratio == 0
+    with pytest.raises(ValueError):
+        FleetSettings(compile_timeout_ratio=-1)
+    out = timeout_outcome(12.5, median_s=2.5)
+    assert out["reason"].startswith("compile time-out: still compiling after 12.5 s, 5x the "
+                                    "median compile of this problem's configs (2.5 s)")
 
 
 @pytest.mark.slow

@@ -182,6 +182,10 @@ class FleetSettings(_Strict):
         "compile for minutes); configs compiled in the worker itself (compile_workers: 0, "
         "or a family that does not compile ahead) are bounded by timing.trial_timeout_s "
         "instead")
+    compile_timeout_ratio: float = Field(
+        5.0, ge=0, description="once 5 configs of a problem have compiled, one still "
+        "compiling after this many times their median compile time fails as a compile "
+        "time-out too (never before 10 s; 0: only compile_timeout_s)")
     max_retries: int = Field(2, ge=0, description="retries of a trial whose worker was lost")
     start_timeout_s: float = Field(600.0, gt=0, description="how long a worker may take to start")
     keep_workers_s: float = Field(

@@ -11,7 +11,12 @@ by its GPUs. What runs inside each of its processes is ``harness.fleet.compile_c
 
 Every compile has a time-out (``fleet.compile_timeout_s``): a config that compiles for
 longer (one that spills registers can take minutes) fails its trial as a compile time-out
-instead of holding a GPU's worker. The child's own timer (``SIGALRM``) interrupts the
+instead of holding a GPU's worker. Once a problem's first configs have compiled, the time-out
+of its others is also relative (``fleet.compile_timeout_ratio``): a config still compiling
+after that many times the problem's median compile is cut there (never under
+``RELATIVE_FLOOR_S``). A grid of a row-wise softmax at 12 shapes spent most of its compile
+time on configs that hold thousands of values per thread, each compiling 5-50x longer than
+the others and never fast. The child's own timer (``SIGALRM``) interrupts the
 compile, ptxas included (``subprocess.run`` kills it when its wait is interrupted), and
 the child takes the next config; the pool records the time-out itself if the child does
 not answer (stuck in C code), and kills and replaces a child still stuck a grace later,
@@ -32,6 +37,8 @@ import atexit
 import json
 import logging
 import os
+import signal
+import statistics
 import threading
 import time
 import weakref
@@ -42,7 +49,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.fleet.compile_child import child_main, timeout_outcome
+from harness.fleet.compile_child import PREBUILD, child_main, timeout_outcome
 from harness.measure import hardware
 from harness.run import faults
 from harness.search.keys import config_key
@@ -53,6 +60,15 @@ log = logging.getLogger(__name__)
 #: (the schema's ``fleet.compile_timeout_s`` default). A softmax holding 8 rows of 4096 in
 #: one warp's registers compiled for sm_90 in 35 s (fp32) and 109 s (bf16) on a CPU.
 COMPILE_TIMEOUT_S = 30.0
+#: A config still compiling after this many times the median compile of its problem's
+#: configs fails as a compile time-out (``fleet.compile_timeout_ratio``; 0: off). On an
+#: H200 host a softmax's configs compiled in 2-3 s, its spilling ones in 12 s to minutes.
+COMPILE_TIMEOUT_RATIO = 5.0
+#: The relative time-out is never shorter than this: a loaded machine's slow compile of a
+#: good config is not cut.
+RELATIVE_FLOOR_S = 10.0
+#: Compiles of a problem measured before its relative time-out applies.
+RELATIVE_AFTER = 5
 #: How much longer than its time-out a compile may go unanswered before its waiter stops
 #: waiting and says so (the outcome's message, the service's queue or the service itself
 #: was lost).
@@ -156,6 +172,8 @@ class Precompiler:
 
     #: Outstanding compiles kept; the oldest are forgotten beyond this (never waited on).
     MAX_PENDING = 1024
+    #: Problems whose compile times are kept (for the relative time-out).
+    MAX_PROBLEMS = 256
     #: A child's time-out is recorded this much after its own timer should have answered.
     ANSWER_SLACK_S = 0.5
     #: How long the pool waits before starting children again after one failed to start.
@@ -165,13 +183,17 @@ class Precompiler:
 
     def __init__(self, processes: int, timeout_s: float = COMPILE_TIMEOUT_S,
                  on_start: Callable[[Key], None] | None = None,
-                 kill_grace_s: float | None = None) -> None:
+                 kill_grace_s: float | None = None, ratio: float = COMPILE_TIMEOUT_RATIO,
+                 floor_s: float = RELATIVE_FLOOR_S) -> None:
         self.processes = processes
         self.timeout_s = timeout_s
+        self.ratio, self.floor_s = ratio, floor_s
+        #: problem -> its configs' compile seconds (successful, not torch.compile builds)
+        self._compile_s: dict[str, deque[float]] = {}
         self.kill_grace_s = KILL_GRACE_S if kill_grace_s is None else kill_grace_s
         self.on_start = on_start
         self.submitted = 0
-        self.stats = {"timed_out": 0, "killed": 0, "lost": 0}
+        self.stats = {"timed_out": 0, "relative": 0, "killed": 0, "lost": 0}
         self._lock = threading.Lock()
         self._futures: dict[Key, _Task] = {}  # for pending() and wait()
         self._queue: deque[_Task] = deque()  # not yet taken by a child
@@ -393,9 +415,14 @@ class Precompiler:
                         watch[ch.conn] = ch
                         watch[ch.proc.sentinel] = ch
                     wake = self._wake_r
-                resolved, kills, sends, missing, wait_s = plan
+                resolved, kills, alarms, sends, missing, wait_s = plan
                 for task, out in resolved:
                     self._resolve(task, out)
+                for ch in alarms:  # the child's timer, early: it takes the next config
+                    try:
+                        os.kill(ch.pid, signal.SIGALRM)  # type: ignore[arg-type]
+                    except (OSError, TypeError):
+                        pass
                 for ch in kills:
                     log.warning("compile child %s still busy %g s past its %g s time-out: "
                                 "killed, a new one replaces it", ch.pid, self.kill_grace_s,
@@ -432,6 +459,7 @@ class Precompiler:
         configs to hand to idle children, children to start, and how long it may sleep."""
         resolved: list[tuple[_Task, dict[str, Any]]] = []
         kills: list[_Child] = []
+        alarms: list[_Child] = []  # cut before their own timer: it is rung now
         sends: list[tuple[_Child, _Task]] = []
         wait_s = 30.0
         for ch in self._children:  # first, so that the deadlines below count these too
@@ -442,11 +470,16 @@ class Precompiler:
             task = ch.task
             if task is None or task.started is None:
                 continue
-            due = task.started + self.timeout_s + self.ANSWER_SLACK_S
+            limit, median = self._limit_locked(task.key[0])
+            due = task.started + limit + self.ANSWER_SLACK_S
             if not task.timed_out:
                 if now >= due:
                     task.timed_out = True
-                    resolved.append((task, timeout_outcome(self.timeout_s, pid=ch.pid)))
+                    resolved.append((task, timeout_outcome(limit, pid=ch.pid,
+                                                           median_s=median)))
+                    if median is not None:
+                        self.stats["relative"] += 1
+                        alarms.append(ch)
                 else:
                     wait_s = min(wait_s, due - now)
             if not ch.killed:
@@ -463,12 +496,12 @@ class Precompiler:
             out = {"ok": False, "reason": f"compile-ahead off: {self._broken}"}
             resolved.extend((task, out) for task in self._queue)
             self._queue.clear()
-            return resolved, kills, sends, 0, wait_s
+            return resolved, kills, alarms, sends, 0, wait_s
         missing = self.processes - len(self._children)
         if missing > 0 and now < self._retry_at:
             wait_s = min(wait_s, self._retry_at - now)
             missing = 0
-        return resolved, kills, sends, max(0, missing), max(0.0, wait_s)
+        return resolved, kills, alarms, sends, max(0, missing), max(0.0, wait_s)
 
     def _drain(self, ch: _Child) -> bool:
         """Read what ``ch`` sent; False once its pipe is closed (it ended)."""
@@ -492,6 +525,7 @@ class Precompiler:
                     self._ready_s.append(now - self._t_boot)
             elif msg[0] == "done" and ch.task is not None and ch.task.tid == msg[1]:
                 done, ch.task = (ch.task, msg[2]), None
+                self._record_locked(*done)
                 if self._first_done_s is None:
                     self._first_done_s = now - self._t_boot
             nxt = self._take_locked(ch, now)
@@ -502,6 +536,29 @@ class Precompiler:
             self._send(ch, nxt)
         if done is not None:
             self._resolve(*done)
+
+    def _limit_locked(self, problem: str) -> tuple[float, float | None]:
+        """The time-out of a compile of ``problem`` now, and the median compile it is
+        relative to (None: the absolute one applies)."""
+        times = self._compile_s.get(problem)
+        if self.ratio <= 0 or times is None or len(times) < RELATIVE_AFTER:
+            return self.timeout_s, None
+        median = statistics.median(times)
+        limit = max(self.floor_s, self.ratio * median)
+        return (limit, median) if limit < self.timeout_s else (self.timeout_s, None)
+
+    def _record_locked(self, task: _Task, out: dict[str, Any]) -> None:
+        """A compile's duration, for its problem's relative time-out."""
+        seconds = out.get("compile_s")
+        if not out.get("ok") or not isinstance(seconds, (int, float)) \
+                or task.args[4].get(PREBUILD):
+            return
+        problem = task.key[0]
+        if problem not in self._compile_s:
+            while len(self._compile_s) >= self.MAX_PROBLEMS:
+                self._compile_s.pop(next(iter(self._compile_s)))
+            self._compile_s[problem] = deque(maxlen=256)
+        self._compile_s[problem].append(float(seconds))
 
     def _take_locked(self, ch: _Child, now: float) -> _Task | None:
         """Give the idle, warm child ``ch`` the oldest queued config (under the lock)."""

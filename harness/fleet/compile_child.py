@@ -47,11 +47,18 @@ def _prebuild(fam: Any, shape: dict, dtype: str, seed: int) -> None:
     torch.cuda.empty_cache()
 
 
-def timeout_outcome(timeout_s: float, **extra: Any) -> dict[str, Any]:
-    """A compile's outcome when it ran past ``timeout_s``: the trial fails with its reason."""
+def timeout_outcome(timeout_s: float, median_s: float | None = None,
+                    **extra: Any) -> dict[str, Any]:
+    """A compile's outcome when it ran past ``timeout_s``: the trial fails with its reason.
+    ``median_s``: the time-out was relative to its problem's median compile."""
+    if median_s is None:
+        why = f"still compiling after {timeout_s:g} s"
+    else:
+        why = (f"still compiling after {timeout_s:.3g} s, {timeout_s / median_s:.0f}x the "
+               f"median compile of this problem's configs ({median_s:.2g} s)")
     return {"ok": False, "timeout": True, **extra,
-            "reason": f"compile time-out: still compiling after {timeout_s:g} s (a config "
-                      "that spills registers compiles for minutes)"}
+            "reason": f"compile time-out: {why} (a config that spills registers compiles "
+                      "for minutes)"}
 
 
 @dataclass(frozen=True)

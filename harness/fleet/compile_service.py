@@ -48,6 +48,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, WorkerC
 
 from harness.fleet.compile import (
     ANSWER_GRACE_S,
+    COMPILE_TIMEOUT_RATIO,
     COMPILE_TIMEOUT_S,
     Key,
     Precompiler,
@@ -130,7 +131,8 @@ class _Service:
     """The service's logic, a plain class so that it can be tested without Ray."""
 
     def __init__(self, processes: int, idle_exit_s: float = 0.0,
-                 compile_timeout_s: float = COMPILE_TIMEOUT_S, node: str = "") -> None:
+                 compile_timeout_s: float = COMPILE_TIMEOUT_S, node: str = "",
+                 compile_timeout_ratio: float = COMPILE_TIMEOUT_RATIO) -> None:
         pin_triton_cache_dir()  # the node's workers read the binaries from the same place
         if not precompile_enabled(gpu_device_nodes()):
             processes = 0  # no compiler here (the interpreter): configs compile on launch
@@ -151,7 +153,8 @@ class _Service:
         self._first: dict[tuple, Key] = {}  # group -> its first compile
         self._warm: set[tuple] = set()  # groups whose first compile is done
         self._parked: dict[tuple, list[tuple]] = {}  # group -> compiles waiting for it
-        self.pre = Precompiler(processes, compile_timeout_s, on_start=self._began)
+        self.pre = Precompiler(processes, compile_timeout_s, on_start=self._began,
+                               ratio=compile_timeout_ratio)
         if processes:
             self.pre.start()
         if idle_exit_s > 0:
@@ -166,10 +169,13 @@ class _Service:
                 self.pre.close()
                 os._exit(0)
 
-    def set_timeout(self, compile_timeout_s: float) -> None:
-        """A kept service serving a run of another ``fleet.compile_timeout_s``."""
+    def set_timeout(self, compile_timeout_s: float,
+                    compile_timeout_ratio: float = COMPILE_TIMEOUT_RATIO) -> None:
+        """A kept service serving a run of another ``fleet.compile_timeout_s`` (or
+        ``compile_timeout_ratio``)."""
         with self._cv:
             self.timeout_s = self.pre.timeout_s = compile_timeout_s
+            self.pre.ratio = compile_timeout_ratio
 
     def _client(self, client_id: str) -> _Client:
         """The client's record (under the lock); clients long silent are forgotten."""
@@ -371,7 +377,10 @@ class _Service:
 
     def info(self) -> dict[str, Any]:
         return {"processes": self.pre.processes, "pid": os.getpid(), "node": self.node,
-                "compile_timeout_s": self.timeout_s, **self.stats,
+                "compile_timeout_s": self.timeout_s,
+                "compile_timeout_ratio": self.pre.ratio, **self.stats,
+                # of the time-outs: cut at the ratio times the problem's median compile
+                "timed_out_relative": self.pre.stats["relative"],
                 "children_killed": self.pre.stats["killed"],
                 "children_lost": self.pre.stats["lost"], **self.pre.timeline()}
 
@@ -384,20 +393,23 @@ class CompileService(_Service):
     """The node's compile service as a Ray actor (threaded: workers wait on it at once)."""
 
     def __init__(self, processes: int, idle_exit_s: float = 0.0,
-                 compile_timeout_s: float = COMPILE_TIMEOUT_S) -> None:
+                 compile_timeout_s: float = COMPILE_TIMEOUT_S,
+                 compile_timeout_ratio: float = COMPILE_TIMEOUT_RATIO) -> None:
         # Its compile processes say which node they compile for (logs, tests).
         node = ray.get_runtime_context().get_node_id()
         os.environ["HARNESS_NODE_ID"] = node
-        super().__init__(processes, idle_exit_s, compile_timeout_s, node)
+        super().__init__(processes, idle_exit_s, compile_timeout_s, node,
+                         compile_timeout_ratio)
 
 
 def start_services(nodes: Mapping[str, tuple[float, int]], setting: int | str,
                    idle_exit_s: float = 0.0,
-                   compile_timeout_s: float = COMPILE_TIMEOUT_S) -> dict[str, Any]:
+                   compile_timeout_s: float = COMPILE_TIMEOUT_S,
+                   compile_timeout_ratio: float = COMPILE_TIMEOUT_RATIO) -> dict[str, Any]:
     """A compile service on each of ``nodes`` (node id -> its CPUs and GPUs): node id ->
     actor handle. ``idle_exit_s`` > 0 (kept workers): named services that outlive the
     run, shared with later runs of the same code, and leave once unused that long.
-    ``compile_timeout_s``: the experiment's ``fleet.compile_timeout_s``."""
+    ``compile_timeout_s``, ``compile_timeout_ratio``: the experiment's ``fleet`` settings."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     out: dict[str, Any] = {}
@@ -417,9 +429,10 @@ def start_services(nodes: Mapping[str, tuple[float, int]], setting: int | str,
             opts.update(name=f"{SERVICE_PREFIX}{node}-{_code_digest()}", namespace=SERVICE_NS,
                         lifetime="detached", get_if_exists=True)
         out[node] = CompileService.options(**opts).remote(processes, idle_exit_s,
-                                                          compile_timeout_s)
+                                                          compile_timeout_s,
+                                                          compile_timeout_ratio)
         if idle_exit_s > 0:  # a kept one keeps the time-out it was started with otherwise
-            out[node].set_timeout.remote(compile_timeout_s)
+            out[node].set_timeout.remote(compile_timeout_s, compile_timeout_ratio)
     return out
 
 

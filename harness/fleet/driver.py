@@ -16,7 +16,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayTaskError
 
-from harness.fleet.compile import COMPILE_TIMEOUT_S
+from harness.fleet.compile import COMPILE_TIMEOUT_RATIO, COMPILE_TIMEOUT_S
 from harness.fleet.slots import _LOST, Task, Workers, _Slot
 from harness.measure.timing import Timing, TrialResult
 
@@ -37,14 +37,16 @@ class Fleet(Workers):
                  queue_depth: int | str = 2, compile_workers: int | str = 0,
                  max_retries: int = MAX_RETRIES,
                  start_timeout_s: float = 600.0, keep_s: float = 0.0, version: str = "",
-                 run_id: str = "", compile_timeout_s: float = COMPILE_TIMEOUT_S):
+                 run_id: str = "", compile_timeout_s: float = COMPILE_TIMEOUT_S,
+                 compile_timeout_ratio: float = COMPILE_TIMEOUT_RATIO):
         """``queue_depth``: tasks each worker holds at once ("auto": its share of its
         node's compile processes + 2); the rest as ``Workers``."""
         super().__init__({"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms,
                           "cpu_reps": timing.cpu_reps},
                          compile_workers=compile_workers, start_timeout_s=start_timeout_s,
                          keep_s=keep_s, version=version, run_id=run_id,
-                         compile_timeout_s=compile_timeout_s)
+                         compile_timeout_s=compile_timeout_s,
+                         compile_timeout_ratio=compile_timeout_ratio)
         self.trial_timeout_s = trial_timeout_s
         self.queue_depth = queue_depth
         self.max_retries = max_retries

@@ -21,6 +21,7 @@ from concurrent.futures import wait
 from typing import Any
 
 from harness.fleet.compile import (
+    COMPILE_TIMEOUT_RATIO,
     Precompiler,
     gpu_device_nodes,
     pin_triton_cache_dir,
@@ -76,13 +77,14 @@ def starts_own_ray() -> bool:
 class HeadStart:
     """The driver's compile children for the first study of this machine's GPU type."""
 
-    def __init__(self, key: str | None, timeout_s: float) -> None:
+    def __init__(self, key: str | None, timeout_s: float,
+                 ratio: float = COMPILE_TIMEOUT_RATIO) -> None:
         self.key = key  # None: this machine's GPU type, read by ``start`` (NVML)
         self._closer: threading.Thread | None = None
         self.submitted = 0
         self.done = 0
         pin_triton_cache_dir()  # the workers' and the compile service's cache
-        self.pool = Precompiler(PROCESSES, timeout_s=timeout_s)
+        self.pool = Precompiler(PROCESSES, timeout_s=timeout_s, ratio=ratio)
 
     def start(self) -> bool:
         """Read this machine's GPU type and start the compile processes; whether there is
@@ -97,7 +99,8 @@ class HeadStart:
         return True
 
     @classmethod
-    def maybe(cls, compile_workers: int | str, timeout_s: float) -> HeadStart | None:
+    def maybe(cls, compile_workers: int | str, timeout_s: float,
+              ratio: float = COMPILE_TIMEOUT_RATIO) -> HeadStart | None:
         """A head start where it pays: a run starting its own Ray, with compile-ahead on,
         on a GPU machine with cores to spare. ``HARNESS_HEAD_START``: ``off`` never,
         ``on`` whatever the cores (still only with compile-ahead and a Ray of its own)."""
@@ -110,7 +113,7 @@ class HeadStart:
         if not precompile_enabled(has_gpu) or not starts_own_ray():
             return None
         try:
-            return cls(None if has_gpu else "cpu", timeout_s)  # not started: ``start``
+            return cls(None if has_gpu else "cpu", timeout_s, ratio)  # started: ``start``
         except Exception as exc:
             log.warning("no head start for the first compiles: %s", exc)
             return None

@@ -20,7 +20,7 @@ import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
 
 from harness.fleet.cluster import Cluster, NoHardwareError, check_placement, node_resources
-from harness.fleet.compile import COMPILE_TIMEOUT_S
+from harness.fleet.compile import COMPILE_TIMEOUT_RATIO, COMPILE_TIMEOUT_S
 from harness.fleet.compile_service import plan_processes, start_services
 from harness.fleet.worker import Worker
 from harness.run import faults
@@ -97,7 +97,8 @@ class Workers(Cluster):
 
     def __init__(self, timing: dict[str, float], *, compile_workers: int | str = 0,
                  start_timeout_s: float = 600.0, keep_s: float = 0.0, version: str = "",
-                 run_id: str = "", compile_timeout_s: float = COMPILE_TIMEOUT_S):
+                 run_id: str = "", compile_timeout_s: float = COMPILE_TIMEOUT_S,
+                 compile_timeout_ratio: float = COMPILE_TIMEOUT_RATIO):
         """``keep_s`` > 0: workers outlive the run by that many idle seconds (Ray detached
         actors), and a run first leases kept workers of the same ``version`` (code).
         ``compile_workers``: compile processes per GPU, or "auto" (the node's spare
@@ -106,6 +107,7 @@ class Workers(Cluster):
         self.timing = timing
         self.compile_workers = compile_workers
         self.compile_timeout_s = compile_timeout_s
+        self.compile_timeout_ratio = compile_timeout_ratio
         self.start_timeout_s = start_timeout_s
         self.slots: list[_Slot] = []
         self.replaced = 0
@@ -173,7 +175,8 @@ class Workers(Cluster):
             return
         self.services.update(start_services(new, self.compile_workers,
                                             idle_exit_s=self.keep_s,
-                                            compile_timeout_s=self.compile_timeout_s))
+                                            compile_timeout_s=self.compile_timeout_s,
+                                            compile_timeout_ratio=self.compile_timeout_ratio))
         for node, (cpus, gpus) in new.items():
             total = plan_processes(self.compile_workers, cpus, gpus)
             self._shares[node] = max(1, total // max(1, gpus)) if total else 0

@@ -111,7 +111,8 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
     # A Ray of this run's own: the first configs compile in the driver's children while
     # Ray and the fleet start (``harness.fleet.head_start``).
     pre_fs = mem.shared_fleet([m.exp for m in members])
-    head = HeadStart.maybe(pre_fs.compile_workers, pre_fs.compile_timeout_s)
+    head = HeadStart.maybe(pre_fs.compile_workers, pre_fs.compile_timeout_s,
+                           pre_fs.compile_timeout_ratio)
     pool = ThreadPoolExecutor(3, thread_name_prefix="harness-prepare")
     checked = pool.submit(_check, members, summary)
     trackers_f = pool.submit(_trackers_once_valid, checked, members)
@@ -158,7 +159,8 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
                   queue_depth=fs.queue_depth, compile_workers=fs.compile_workers,
                   max_retries=fs.max_retries, start_timeout_s=fs.start_timeout_s,
                   keep_s=keep_s, version=_code_version(members) if keep_s else "",
-                  compile_timeout_s=fs.compile_timeout_s)
+                  compile_timeout_s=fs.compile_timeout_s,
+                  compile_timeout_ratio=fs.compile_timeout_ratio)
     stopping: list[threading.Thread] = []
 
     def stop_ray() -> None:
