@@ -72,9 +72,9 @@ class StandInPool:
     """``Precompiler``'s interface; the test starts (``on_start``) and ends compiles."""
 
     def __init__(self, service: _Service) -> None:
-        self.processes, self.timeout_s = 1, service.timeout_s
+        self.processes, self.timeout_s, self.ratio = 1, service.timeout_s, 0.0
         self.on_start = service._began
-        self.stats = {"killed": 0, "lost": 0}
+        self.stats = {"relative": 0, "killed": 0, "lost": 0}
         self.futures: dict[tuple[str, str], Future] = {}
 
     def submit(self, problem: str, kernel: str, shape: Any, skel: Any, configs: Any) -> None:

@@ -357,3 +357,31 @@ def test_a_batch_the_store_refuses_is_logged_one_by_one(tmp_path, monkeypatch,
     assert {v["run"] for v in noted.values()} == {r.info.run_id for r in runs}
     steps = [m.step for m in client.get_metric_history(study_run, track.HISTORY_METRIC)]
     assert sorted(steps) == list(range(2 * (track.BULK_FAILURES + 1)))
+
+
+@pytest.mark.slow
+def test_the_driver_s_runs_through_the_logger_process(local_ray, tmp_path, mlflow_db):
+    """``RemoteTracker``: the driver's experiment and study runs are created, logged to and
+    ended by the trial logger's process, as a Tracker of the driver's own would; a call
+    the store refuses is a TrackingError naming it, never a hang."""
+    uri = f"sqlite:///{mlflow_db}"
+    actor = track.start_trial_logger(uri, "remote-exp")
+    remote = run_mod.RemoteTracker(actor, uri)
+    assert remote.uri == uri
+    parent = remote.start_run("exp", {"harness.level": "experiment"})
+    child = remote.start_run("study", {"harness.level": "study"}, parent=parent)
+    assert remote.start_run("study", {}, resume=child) == child  # reopened, not new
+    remote.log(child, params={"kernel": "k"}, metrics={"best_ms": 1.5})
+    (tmp_path / "pack.json").write_text("{}")
+    remote.log_artifact(parent, tmp_path / "pack.json", "packs")
+    remote.finish(child)
+    client = MlflowClient(uri)
+    run = client.get_run(child)
+    assert run.data.params == {"kernel": "k"} and run.data.metrics == {"best_ms": 1.5}
+    assert run.data.tags["mlflow.parentRunId"] == parent and run.info.status == "FINISHED"
+    assert [a.path for a in client.list_artifacts(parent, "packs")] == ["packs/pack.json"]
+    with pytest.raises(track.TrackingError, match="log failed"):
+        remote.log("no-such-run", params={"a": 1})
+    with pytest.raises(track.TrackingError, match="not a forwarded"):
+        remote._call("flush")
+    ray.kill(actor)

@@ -269,17 +269,17 @@ def plots(m: Member, st: schedule.StudyState) -> None:
 def log_summary(m: Member, figures: Summary, campaign: bool) -> None:
     """The run's figures and packs into the experiment's parent MLflow run, once all else
     is done. ``campaign``: the fleet served other experiments too: its figures are the
-    campaign's, logged as ``campaign_*``."""
-    tracker = m.tracker
+    campaign's, logged as ``campaign_*``. Sent to the experiment's MLflow logger after
+    everything before it, as the run's last words there."""
     metrics = fleet_metrics(figures)
     if campaign:
         metrics = {f"campaign_{k}": v for k, v in metrics.items()}
-    tracker.log(m.summary.parent_run_id, metrics=metrics)
+    m.logs.log(m.summary.parent_run_id, metrics=metrics)
     for st in m.studies:
-        tracker.finish(st.run_id)
+        m.logs.call("finish", st.run_id)
     for p in m.summary.packs:
-        tracker.log_artifact(m.summary.parent_run_id, p, "packs")
-    tracker.finish(m.summary.parent_run_id)
+        m.logs.call("log_artifact", m.summary.parent_run_id, str(p), "packs")
+    m.logs.call("finish", m.summary.parent_run_id)
 
 
 def want_compile(exp: experiment.Experiment, device: DeviceSpec) -> bool:

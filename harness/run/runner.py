@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from rich.markup import escape
 from harness import experiment
 from harness.fleet import Fleet, NoHardwareError
 from harness.fleet import code_version as fleet_code_version
-from harness.fleet.head_start import HeadStart
+from harness.fleet.compile import gpu_device_nodes
+from harness.fleet.head_start import HeadStart, starts_own_ray
 from harness.kernel.api import Kernel
 from harness.measure.timing import Timing
 from harness.run import freeze, schedule
@@ -34,7 +36,7 @@ from harness.run.results import Summary, account, logger_stats
 from harness.search import drop_studies, storage_url
 from harness.search.write_behind import WriteBehindStorage
 from harness.tracking import run_logging
-from harness.tracking.run_logging import Logs
+from harness.tracking.run_logging import Logs, RemoteTracker
 from harness.tracking.tracker import Tracker, import_mlflow
 
 __all__ = ["Summary", "bookkeeping_processes", "execute", "run"]
@@ -115,7 +117,9 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
                            pre_fs.compile_timeout_ratio)
     pool = ThreadPoolExecutor(3, thread_name_prefix="harness-prepare")
     checked = pool.submit(_check, members, summary)
-    trackers_f = pool.submit(_trackers_once_valid, checked, members)
+    # MLflow in the driver only where no logger process will set it up (``_run``).
+    trackers_f = (pool.submit(_trackers_once_valid, checked, members)
+                  if _tracks_locally(pre_fs, members) else None)
     if head is not None:
         pool.submit(_head_start_once_valid, checked, members, head)
     # The studies' storages once the studies are known (after Ray's discovery): an
@@ -171,7 +175,8 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
             stopping[0].start()
 
     try:
-        _run(members, summary, fs, console, progress, fleet, trackers_f, planned_f,
+        _run(members, summary, fs, console, progress, fleet,
+             trackers_f or partial(_trackers_once_valid, checked, members), planned_f,
              storages_f, stop_ray)
     finally:
         if not planned_f.done():  # the storages' thread waits for nothing more
@@ -252,7 +257,8 @@ def _started(targets: list[str], members: list[Member], fleet: Fleet, console: C
 
 
 def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
-         console: Console, progress: bool, fleet: Fleet, trackers_f: Future,
+         console: Console, progress: bool, fleet: Fleet,
+         trackers_f: Future | Callable[[], dict[str, Tracker]],
          planned_f: Future, storages_f: Future, release: Callable[[], None]) -> None:
     """The run's steps once Ray is up; ``release`` gives the GPUs back and stops a Ray
     this run started."""
@@ -278,7 +284,16 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     # The logger processes start now, beside the workers: ready when the first trials are.
     active = [m for m in members if not m.skipped]
     loggers = {m.name: _start_loggers(m) if procs else None for m in active}
-    trackers = trackers_f.result()
+    # Where the logger processes run, the driver's runs are theirs too: MLflow is set up
+    # there while the workers start (on a warm fleet: while nothing else is left).
+    remote = (not isinstance(trackers_f, Future) and procs
+              and all(loggers[m.name] is not None for m in active))
+    if remote:
+        trackers: dict[str, Any] = {
+            m.name: RemoteTracker(loggers[m.name][0], m.exp.tracking.uri)  # type: ignore[index]
+            for m in active}
+    else:
+        trackers = trackers_f.result() if isinstance(trackers_f, Future) else trackers_f()
     # The search's MLflow logger starts (its own process: seconds) while the workers do.
     for m in active:
         m.tracker = trackers[m.name]
@@ -286,7 +301,8 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         m.logs = Logs(m.tracker, m.mlflow_experiment, processes=procs, started=loggers[m.name])
     if summary is not members[0].summary:
         summary.tracking_uri = members[0].summary.tracking_uri
-    summary.mark("tracking_ready")
+    if not remote:
+        summary.mark("tracking_ready")
     targets, infos = _started(targets, members, fleet, console)
     summary.mark("workers_ready")
     storages = storages_f.result()
@@ -306,6 +322,8 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         m.storage = storages[m.name]
         m.summary.interpreted = any(i["interpreted"] for k in m.targets for i in infos[k])
         mem.start_tracking(m, campaign)
+        if remote:
+            summary.mark("tracking_ready")  # the logger's process answered
         # The studies, on the hardware that started, as its workers see it.
         m.studies = [_study(m, planned, infos[planned.spec.hardware][0], fleet)
                      for planned in _plan(m).studies if planned.spec.hardware in m.targets]
@@ -357,15 +375,15 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     summary.mark("packs_frozen")
     if summary is not members[0].summary:
         summary.packs = [p for m in active for p in m.summary.packs]
-    _catch_up(active, summary, release)
-    for m in active:
-        mem.log_summary(m, summary, campaign=bool(campaign))
+    _catch_up(active, summary, release, campaign=bool(campaign))
     summary.mark("plots_logged")
 
 
-def _catch_up(active: list[Member], summary: Summary, release: Callable[[], None]) -> None:
+def _catch_up(active: list[Member], summary: Summary, release: Callable[[], None],
+              campaign: bool = False) -> None:
     """Every trial into its Optuna storage (what --resume trusts), then into MLflow, with
-    each study's plots; Ray is stopped meanwhile (``release``)."""
+    each study's plots and the run's figures and packs; Ray is stopped meanwhile
+    (``release``). ``campaign``: several experiments ran on the fleet."""
     log_errors: dict[str, list[str]] = {}
     try:
         for m in active:
@@ -377,6 +395,7 @@ def _catch_up(active: list[Member], summary: Summary, release: Callable[[], None
                 mem.plots(m, st)  # a study whose workers were lost before its search ended
                 m.logs.log(st.run_id, metrics={f"trials_{k}": v
                                                for k, v in st.search.counts().items()})
+            mem.log_summary(m, summary, campaign)
         for m in active:
             log_errors[m.name] = m.logs.flush()
             m.summary.mlflow_logger = logger_stats(m.logs.stats, summary.t0)
@@ -473,6 +492,19 @@ def _head_start_once_valid(checked: Future, members: list[Member], head: HeadSta
     except Exception as exc:  # only a head start: the fleet compiles them as usual
         log.warning("the head start of the first compiles failed: %s", exc)
         head.close()
+
+
+def _tracks_locally(fs: experiment.FleetSettings, members: list[Member]) -> bool:
+    """Whether the run sets MLflow up in the driver (beside Ray's start): where no logger
+    process will (``fleet.bookkeeping``: threads, or auto on a machine without a GPU that
+    starts its own Ray), and for ``--resume``, which reconciles MLflow with the Optuna
+    storage in the driver. Elsewhere the trial logger's process does, while the workers
+    start (``RemoteTracker``), and the driver never imports MLflow."""
+    if any(m.resume for m in members) or fs.bookkeeping == "threads":
+        return True
+    if fs.bookkeeping == "processes":
+        return False
+    return not gpu_device_nodes() and starts_own_ray()
 
 
 def _trackers_once_valid(checked: Future, members: list[Member]) -> dict[str, Tracker]:

@@ -44,11 +44,13 @@ import ray
 from harness.search import ATTR_RESULT, ATTR_STATUS
 from harness.tracking.tracker import (
     Tracker,
+    TrackingError,
     TrialLogger,
     git_sha,
     log_trial_record,
     log_trial_records,
     start_trial_logger,
+    tracking_uri,
 )
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,53 @@ MAX_BATCH = 256
 
 #: Cores below which the trial logger draws the plots itself (no second process).
 SEPARATE_PLOTTER_CORES = 4
+#: How long the driver waits for one of its MLflow calls through the trial logger's
+#: process (the first waits for the process to import MLflow and open the store).
+REMOTE_CALL_S = 120.0
+
+
+class RemoteTracker:
+    """The driver's MLflow runs (the experiment's, the studies'), created and ended by
+    the trial logger's process, which imports MLflow and opens the store while the GPU
+    workers start: the driver itself never imports MLflow. On a warm fleet the workers
+    are ready at once, and the driver's own MLflow set-up (8.6 s after its checks on a
+    2x H200 host) was the last thing before the first trial. The methods the run calls
+    of ``Tracker``, each answered in order after what was sent to the logger before."""
+
+    def __init__(self, actor: Any, uri: str | None) -> None:
+        self.actor = actor
+        self.uri = tracking_uri(uri)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        from harness.tracking.redact import redact
+
+        ref = self.actor.tracker_call.remote(method, *args, **kwargs)
+        try:
+            return ray.get(ref, timeout=REMOTE_CALL_S)
+        except GetTimeoutError:
+            raise TrackingError(f"MLflow: the logger process did not answer {method} within "
+                                f"{REMOTE_CALL_S:g} s") from None
+        except (RayActorError, RayTaskError) as exc:
+            cause = getattr(exc, "cause", None) or exc
+            raise TrackingError(redact(f"MLflow tracking at {self.uri}: {method} failed: "
+                                       f"{str(cause)[:500]}")) from None
+
+    def start_run(self, name: str, tags: dict[str, str], parent: str | None = None,
+                  resume: str | None = None) -> str:
+        return self._call("start_run", name, dict(tags), parent, resume)
+
+    def log(self, run_id: str, params: dict[str, Any] | None = None,
+            metrics: dict[str, Any] | None = None, tags: dict[str, Any] | None = None,
+            step: int = 0) -> None:
+        self._call("log", run_id, params, metrics, tags, step)
+
+    def finish(self, run_id: str, ok: bool = True) -> None:
+        self._call("finish", run_id, ok)
+
+    def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
+        self._call("log_artifact", run_id, str(path), artifact_path)
 
 
 def _cores() -> int:
@@ -162,6 +211,12 @@ class Logs:
     def log(self, run_id: str, params: dict[str, Any] | None = None,
             metrics: dict[str, Any] | None = None) -> None:
         self._pending.append(("log", run_id, params, metrics))
+        self._pump()
+
+    def call(self, method: str, *args: Any) -> None:
+        """One of the Tracker's ``TrialLogger.FORWARDED`` calls (ending a run, a pack as
+        an artifact), made in order with the rest."""
+        self._pending.append(("call", method, args))
         self._pump()
 
     def trial_plots(self, run_id: str, trials: list[Any], direction: str, title: str) -> None:

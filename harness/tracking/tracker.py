@@ -528,7 +528,8 @@ class TrialLogger:
 
     def apply(self, ops: list[tuple]) -> dict[str, Any]:
         """One batch, in order: ``("trial", trial_log, rec)`` (consecutive ones logged
-        together), ``("log", run_id, params, metrics)``, ``("flush",)``. Answers the
+        together), ``("log", run_id, params, metrics)``, ``("call", method, args)`` (a
+        ``FORWARDED`` Tracker call), ``("flush",)``. Answers the
         trials it logged, the errors it met and ``stats``."""
         if faults.active("logger_hang"):  # testing aid: a reply that never comes
             self._stop.wait()
@@ -547,6 +548,8 @@ class TrialLogger:
                 continue
             if kind == "log":
                 self.log(ops[i][1], params=ops[i][2], metrics=ops[i][3])
+            elif kind == "call":
+                self._do(self.tracker_call, ops[i][1], *ops[i][2])
             elif kind == "flush":
                 self.flush()
             i += 1
@@ -578,6 +581,16 @@ class TrialLogger:
     def log(self, run_id: str, params: Mapping[str, Any] | None = None,
             metrics: Mapping[str, Any] | None = None) -> None:
         self._do(self.tracker.log, run_id, params=params, metrics=metrics)
+
+    #: The Tracker methods the driver calls through this process (``RemoteTracker``).
+    FORWARDED = frozenset({"start_run", "log", "finish", "log_artifact"})
+
+    def tracker_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The driver's own MLflow calls (the experiment's and studies' runs), made with
+        this process's Tracker: raised, not noted, since the driver waits for them."""
+        if method not in self.FORWARDED:
+            raise ValueError(f"not a forwarded Tracker method: {method}")
+        return getattr(self.tracker, method)(*args, **kwargs)
 
     def warm_plots(self) -> None:
         """Import the plotting stack now (1-2 s), ahead of ``plots``: in a process of
