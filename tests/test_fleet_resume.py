@@ -1,6 +1,8 @@
-"""A driver killed mid-study (SIGKILL), then ``kharness run --resume``: the same Optuna
-study and MLflow runs continue, no finished trial is lost or measured again, and the
-trials the driver left running are finished from their stored result or re-queued."""
+"""A driver killed mid-study (SIGKILL) or stopped (SIGTERM: ``timeout``, a scheduler;
+it stops as Ctrl-C does, says how to go on, exit code 143, no traceback), then ``kharness
+run --resume``: the same Optuna study and MLflow runs continue, no finished trial is lost
+or measured again, and the trials the driver left running are finished from their stored
+result or re-queued."""
 
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ def _measured(snap: dict[int, dict]) -> list[int]:
     return [n for n, t in snap.items() if t["status"] == "measured" and t["state"] == "COMPLETE"]
 
 
-def test_driver_killed_and_resumed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+def test_driver_killed_and_resumed(tmp_path: Path, stop: int) -> None:
     events = tmp_path / "events"
     events.mkdir()
     exp = {
@@ -89,14 +92,19 @@ def test_driver_killed_and_resumed(tmp_path: Path) -> None:
                 if _finished(tmp_path / "runs" / "resume" / "optuna.db") >= 3:
                     break
                 time.sleep(0.2)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+            os.kill(proc.pid, stop)
+            rc = proc.wait(60)
         finally:
             # The driver's own local Ray dies with it; sweep its process group anyway.
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    if stop == signal.SIGTERM:
+        text = (tmp_path / "first.log").read_text()
+        assert rc == 128 + signal.SIGTERM, text[-3000:]
+        assert "stopped (SIGTERM)" in text and "--resume` goes on" in text, text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
     before = _snapshot(storage)
     finished = {n: t for n, t in before.items() if t["state"] != "RUNNING"}
     left_running = {n: t for n, t in before.items() if t["state"] == "RUNNING"}

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,25 @@ from harness.tracking.redact import redact
 EXIT_BAD_INPUT = 2
 EXIT_NO_HARDWARE = 3
 EXIT_NOT_TUNED = 4
+
+
+#: The signal that stopped the run (a library may raise a KeyboardInterrupt of its own
+#: in place of the one the handler raised).
+_STOPPED_BY: dict[str, int] = {}
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    """SIGTERM (``timeout``, a scheduler, ``ray job stop``) raised in the main thread as
+    Ctrl-C is, so that the same clean-up runs."""
+    _STOPPED_BY.setdefault("signum", signum)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM stops the run as Ctrl-C does (Python's default ends it at once, without
+    stopping its workers or storing what was measured)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_stopped)
 
 
 def earlier_run(runs_dir: str | Path, name: str) -> Path | None:
@@ -83,6 +104,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         for _, before in earlier:
             console.print(replaced_by_fresh(before), markup=False, highlight=False)
     _ray_auth_mode()
+    _stop_on_signals()
     import harness
     from harness.fleet import NoHardwareError, RayStartError
     from harness.tracking.tracker import TrackingError
@@ -108,6 +130,14 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     except (RayStartError, TrackingError) as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return 1
+    except KeyboardInterrupt:
+        signum = _STOPPED_BY.get("signum", signal.SIGINT)
+        files = " ".join(args.experiments)
+        console.print(f"[bold yellow]stopped ({signal.Signals(signum).name})[/]: the trials "
+                      "measured so far are kept in each experiment's Optuna storage; "
+                      f"`kharness run {escape(files)} --resume` goes on from them",
+                      highlight=False)
+        return 128 + signum
     if campaign:
         return _campaign_done(args, result, console)
     _redact(summary)

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -385,7 +386,20 @@ class Cluster:
     def connect() -> str:
         """Join RAY_ADDRESS / the job's cluster if there is one, or a Ray already running
         on this machine (``ray start --head``: its GCS address is returned), else start a
-        Ray for this run only ("local")."""
+        Ray for this run only ("local"). The caller's own SIGTERM and SIGINT handlers
+        stay: Ray's core worker installs handlers that abort the process (the command's
+        stop on SIGTERM then stored nothing and said nothing)."""
+        kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return Cluster._connect()
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                for sig, handler in kept.items():
+                    if callable(handler):
+                        signal.signal(sig, handler)
+
+    @staticmethod
+    def _connect() -> str:
         if ray.is_initialized():
             return "existing"
         if os.environ.get("RAY_ADDRESS"):
