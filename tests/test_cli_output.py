@@ -38,7 +38,7 @@ def fake_run(tmp_path, monkeypatch):
     seen = {}
 
     def run(path, resume=False, console=None, progress=True, overrides=(), started_at=None,
-            stop_own_ray=False):
+            stop_own_ray=False, summary=None):
         seen["progress"], seen["overrides"], seen["resume"] = progress, list(overrides), resume
         seen["started_at"] = started_at
         logging.getLogger("harness.run.runner").warning("connecting with key %s to %s", secret, URI)

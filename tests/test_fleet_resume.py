@@ -81,9 +81,12 @@ def test_driver_killed_and_resumed(tmp_path: Path, stop: int) -> None:
     cmd = [sys.executable, "-m", "harness", "run", str(path)]
 
     # 1. Run, and SIGKILL the driver once a few trials have finished.
-    with open(tmp_path / "first.log", "w") as log:
-        proc = subprocess.Popen(cmd + ["--quiet"], cwd=tmp_path, env=cli_env(events),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    term = stop == signal.SIGTERM  # stopped: its --json says how far it got
+    with open(tmp_path / "first.log", "w") as log, open(tmp_path / "first.json", "w") as js:
+        proc = subprocess.Popen(cmd + ["--json" if term else "--quiet"], cwd=tmp_path,
+                                env=cli_env(events), stdout=js if term else log,
+                                stderr=log if term else subprocess.STDOUT,
+                                start_new_session=True)
         try:
             deadline = time.monotonic() + 240
             while True:
@@ -105,6 +108,10 @@ def test_driver_killed_and_resumed(tmp_path: Path, stop: int) -> None:
         assert rc == 128 + signal.SIGTERM, text[-3000:]
         assert "stopped (SIGTERM)" in text and "--resume` goes on" in text, text[-3000:]
         assert "Traceback" not in text, text[-3000:]
+        partial = json.loads((tmp_path / "first.json").read_text())
+        (prow,) = partial["rows"]
+        assert partial["stopped"] == "SIGTERM" and prow["counts"]["measured"] >= 3, partial
+        assert partial["timeline_s"]["first_trial"] < partial["wall_s"], partial
     before = _snapshot(storage)
     finished = {n: t for n, t in before.items() if t["state"] != "RUNNING"}
     left_running = {n: t for n, t in before.items() if t["state"] == "RUNNING"}

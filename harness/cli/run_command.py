@@ -10,6 +10,7 @@ import os
 import signal
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     kwargs = {"resume": args.resume, "console": console,
               "progress": not (args.quiet or args.json), "overrides": args.set or (),
               "started_at": harness.IMPORTED_AT, "stop_own_ray": True}
+    from harness.run.results import Summary
+
+    summary = Summary(t0=harness.IMPORTED_AT)  # filled as it goes: read even if stopped
     try:
         if campaign:
             from harness.run.campaign import run_campaign
@@ -120,7 +124,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         else:
             from harness.run.runner import run
 
-            summary = run(args.experiments[0], **kwargs)
+            summary = run(args.experiments[0], summary=summary, **kwargs)
     except ExperimentError as exc:
         console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}")
         return EXIT_BAD_INPUT
@@ -137,6 +141,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                       "measured so far are kept in each experiment's Optuna storage; "
                       f"`kharness run {escape(files)} --resume` goes on from them",
                       highlight=False)
+        if args.json and not campaign:  # how far it got, for whoever stopped it
+            summary.wall_s = time.monotonic() - summary.t0
+            _redact(summary)
+            print(jsonsafe.dumps({**summary_json(summary),
+                                  "stopped": signal.Signals(signum).name},
+                                 default=str, indent=1))
         return 128 + signum
     if campaign:
         return _campaign_done(args, result, console)

@@ -75,21 +75,24 @@ def bookkeeping_processes(exp: experiment.Experiment | experiment.FleetSettings,
 
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
         progress: bool = True, overrides: Sequence[str] = (),
-        started_at: float | None = None, stop_own_ray: bool = False) -> Summary:
+        started_at: float | None = None, stop_own_ray: bool = False,
+        summary: Summary | None = None) -> Summary:
     """Run an experiment file end to end. Raises ExperimentError for a bad file and
     NoHardwareError where none of its hardware is in the cluster. ``started_at``
     (time.monotonic()) is the origin of the wall time: the command line passes its
     process's start, so that its imports count too; by default, this call.
     ``stop_own_ray``: a Ray this run started is stopped once the search is done, while
     MLflow catches up (the command line, whose process ends with the run); by default
-    it stays up for the caller's next run."""
+    it stays up for the caller's next run. ``summary``: the one to fill (a caller that
+    is stopped, Ctrl-C or SIGTERM, still reads how far the run got)."""
     console = console or Console(stderr=True)
     exp = experiment.load(path, overrides, semantics=False)  # the file's form: milliseconds
     # Its surroundings (folders writable, tracking store known and answering): before
     # anything is written, and before Ray starts, which a refusal would have to stop.
     experiment.preflight(path, exp)
     lock = experiment.lock_run_dir(path, exp)  # a second run of it exits 2, naming this one
-    summary = Summary() if started_at is None else Summary(t0=started_at)
+    if summary is None:
+        summary = Summary() if started_at is None else Summary(t0=started_at)
     execute([Member(path, exp, resume, summary, lock)], summary, console, progress,
             stop_own_ray)
     return summary
@@ -344,23 +347,22 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         [m.exp for m in active], fleet, studies,
         lambda t, r: mem.record(t, r, owner(t.tag[1])), tick,
         lambda st: mem.plots(owner(st), st), lambda st: mem.log_baselines(st, owner(st)))
+    stopped = False
     try:
         sched.run(console, progress)
-    except BaseException:
+    except BaseException as exc:
+        stopped = isinstance(exc, KeyboardInterrupt)
         for m in active:
             m.storage.close()  # what was measured stays measured
         raise
     finally:
         summary.mark("search_done")
         fleet.shutdown()  # the GPUs go back now, not after MLflow has caught up
-    for step in ("first_trial", "last_trial", "last_result"):
-        if step in sched.times:
-            summary.timeline[step] = round(sched.times[step] - summary.t0, 2)
-    summary.fleet = {
-        "workers": fleet.worker_report(),
-        "driver_s": {k: round(v, 3) for k, v in sched.driver_s.items()},
-        "studies": _study_times(studies, summary.t0)}
-    account(fleet, summary, console)
+        if stopped:  # Ctrl-C, SIGTERM: the summary says how far the run got
+            _books(summary, sched, studies, fleet, console)
+            for m in active:
+                m.summary.rows = [freeze.row(st) for st in m.studies]
+    _books(summary, sched, studies, fleet, console)
     # The packs first: MLflow's catching up and the plots come after them.
     for m in active:
         if m.summary is not summary:  # a campaign's experiment: its own steps
@@ -377,6 +379,20 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         summary.packs = [p for m in active for p in m.summary.packs]
     _catch_up(active, summary, release, campaign=bool(campaign))
     summary.mark("plots_logged")
+
+
+def _books(summary: Summary, sched: schedule.Scheduler, studies: list[schedule.StudyState],
+           fleet: Fleet, console: Console) -> None:
+    """The search's figures into ``summary``: its timeline, the workers' and studies'
+    times, where the GPU-held time went."""
+    for step in ("first_trial", "last_trial", "last_result"):
+        if step in sched.times:
+            summary.timeline[step] = round(sched.times[step] - summary.t0, 2)
+    summary.fleet = {
+        "workers": fleet.worker_report(),
+        "driver_s": {k: round(v, 3) for k, v in sched.driver_s.items()},
+        "studies": _study_times(studies, summary.t0)}
+    account(fleet, summary, console)
 
 
 def _catch_up(active: list[Member], summary: Summary, release: Callable[[], None],
