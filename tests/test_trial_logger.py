@@ -193,7 +193,7 @@ def test_bookkeeping_runs_in_processes_beside_gpus_and_as_told() -> None:
     """fleet.bookkeeping: auto starts the writer and logger processes only for a run
     with GPU targets; processes or threads are taken as given."""
     from harness.experiment import Experiment
-    from harness.run.runner import bookkeeping_processes
+    from harness.run.bookkeeping import bookkeeping_processes
 
     def exp(mode: str) -> Experiment:
         return Experiment.model_validate({"name": "b", "kernel": "tests.fault_kernels:Faulty",

@@ -25,21 +25,18 @@ from rich.markup import escape
 from harness import experiment
 from harness.fleet import Fleet, NoHardwareError
 from harness.fleet import code_version as fleet_code_version
-from harness.fleet.compile import gpu_device_nodes
-from harness.fleet.head_start import HeadStart, starts_own_ray
+from harness.fleet.head_start import HeadStart
 from harness.kernel.api import Kernel
 from harness.measure.timing import Timing
+from harness.run import bookkeeping as bk
 from harness.run import freeze, schedule
 from harness.run import members as mem
 from harness.run.members import Member
 from harness.run.results import Summary, account, logger_stats
-from harness.search import drop_studies, storage_url
-from harness.search.write_behind import WriteBehindStorage
-from harness.tracking import run_logging
 from harness.tracking.run_logging import Logs, RemoteTracker
-from harness.tracking.tracker import Tracker, import_mlflow
+from harness.tracking.tracker import Tracker
 
-__all__ = ["Summary", "bookkeeping_processes", "execute", "run"]
+__all__ = ["Summary", "execute", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +59,6 @@ def _missing_message(key: str, available: dict[str, int], unlabelled: int,
     return msg + "; its studies are skipped"
 
 
-def bookkeeping_processes(exp: experiment.Experiment | experiment.FleetSettings,
-                          targets: list[str]) -> bool:
-    """Whether the Optuna writer and the MLflow logger run as processes of their own
-    (``fleet.bookkeeping``): beside a driver that feeds GPUs, so that it never waits on
-    SQLite; threads of the driver where no GPU runs (the interpreter sets the pace, and
-    each process would take seconds of the same CPUs to start)."""
-    fs = exp.fleet if isinstance(exp, experiment.Experiment) else exp
-    mode = fs.bookkeeping
-    return mode == "processes" or (mode == "auto" and any(k != "cpu" for k in targets))
 
 
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
@@ -121,19 +109,24 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
     pool = ThreadPoolExecutor(3, thread_name_prefix="harness-prepare")
     checked = pool.submit(_check, members, summary)
     # MLflow in the driver only where no logger process will set it up (``_run``).
-    trackers_f = (pool.submit(_trackers_once_valid, checked, members)
-                  if _tracks_locally(pre_fs, members) else None)
+    trackers_f = (pool.submit(bk.trackers_once_valid, checked, members)
+                  if bk.tracks_locally(pre_fs, members) else None)
     if head is not None:
         pool.submit(_head_start_once_valid, checked, members, head)
     # The studies' storages once the studies are known (after Ray's discovery): an
     # earlier run's studies deleted and the storages opened off the main thread.
     planned_f: Future = Future()
-    storages_f = pool.submit(_storages_once_planned, checked, planned_f, members)
+    storages_f = pool.submit(bk.storages_once_planned, checked, planned_f, members)
     pool.shutdown(wait=False)
 
+    early: dict[str, tuple[Any, Any] | None] = {}
     try:
         try:
             where = Fleet.connect()
+            if trackers_f is None:
+                # The logger processes import MLflow while the checks run; they open the
+                # store once first used: nothing is written before every file passed.
+                early = {m.name: bk.start_loggers(m, open_now=False) for m in members}
         finally:
             error = checked.exception()
     except BaseException:
@@ -145,6 +138,7 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
     if error is not None:
         if head is not None:
             head.close()
+        bk.kill_loggers(early.values())
         if where == "local":  # started for this run only
             ray.shutdown()
         for m in reversed(members):  # the last lock's folders first: runs/ may be shared
@@ -179,7 +173,7 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
 
     try:
         _run(members, summary, fs, console, progress, fleet,
-             trackers_f or partial(_trackers_once_valid, checked, members), planned_f,
+             trackers_f or partial(bk.trackers_once_valid, checked, members), early, planned_f,
              storages_f, stop_ray)
     finally:
         if not planned_f.done():  # the storages' thread waits for nothing more
@@ -262,6 +256,7 @@ def _started(targets: list[str], members: list[Member], fleet: Fleet, console: C
 def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
          console: Console, progress: bool, fleet: Fleet,
          trackers_f: Future | Callable[[], dict[str, Tracker]],
+         early: dict[str, tuple[Any, Any] | None],
          planned_f: Future, storages_f: Future, release: Callable[[], None]) -> None:
     """The run's steps once Ray is up; ``release`` gives the GPUs back and stops a Ray
     this run started."""
@@ -282,11 +277,13 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
                          schedule.known_configs(planned))
     fleet.launch({k: available[k] for k in targets}, first=first or None)
     # MLflow and Optuna start up while the workers do (each takes seconds).
-    procs = bookkeeping_processes(fs, targets)
+    procs = bk.bookkeeping_processes(fs, targets)
     planned_f.set_result(procs)
     # The logger processes start now, beside the workers: ready when the first trials are.
     active = [m for m in members if not m.skipped]
-    loggers = {m.name: _start_loggers(m) if procs else None for m in active}
+    loggers = {m.name: (early.get(m.name) or bk.start_loggers(m)) if procs else None
+               for m in active}
+    bk.kill_loggers(pair for name, pair in early.items() if loggers.get(name) is not pair)
     # Where the logger processes run, the driver's runs are theirs too: MLflow is set up
     # there while the workers start (on a warm fleet: while nothing else is left).
     remote = (not isinstance(trackers_f, Future) and procs
@@ -510,57 +507,10 @@ def _head_start_once_valid(checked: Future, members: list[Member], head: HeadSta
         head.close()
 
 
-def _tracks_locally(fs: experiment.FleetSettings, members: list[Member]) -> bool:
-    """Whether the run sets MLflow up in the driver (beside Ray's start): where no logger
-    process will (``fleet.bookkeeping``: threads, or auto on a machine without a GPU that
-    starts its own Ray), and for ``--resume``, which reconciles MLflow with the Optuna
-    storage in the driver. Elsewhere the trial logger's process does, while the workers
-    start (``RemoteTracker``), and the driver never imports MLflow."""
-    if any(m.resume for m in members) or fs.bookkeeping == "threads":
-        return True
-    if fs.bookkeeping == "processes":
-        return False
-    return not gpu_device_nodes() and starts_own_ray()
 
 
-def _trackers_once_valid(checked: Future, members: list[Member]) -> dict[str, Tracker]:
-    """Each experiment's Tracker, created only once every file passed its checks (MLflow
-    writes its store as it starts); none otherwise. MLflow is imported after the checks'
-    imports, not beside them: on one interpreter lock, two imports at once ended both
-    later (the checks 10 s after the run's call on a 64-core H200 host, where Ray's own
-    start took 7 s), and the checks are what the run waits for once Ray is up."""
-    if checked.exception() is not None:
-        return {}
-    import_mlflow()
-    return {m.name: Tracker(m.exp.tracking.uri, m.mlflow_experiment) for m in members}
 
 
-def _start_loggers(m: Member) -> tuple[Any, Any] | None:
-    """The MLflow logger processes, started before the run's Tracker exists; None where
-    they cannot be (``Logs`` then logs on a thread)."""
-    from harness.tracking.tracker import tracking_uri
-
-    try:
-        return run_logging.start_loggers(tracking_uri(m.exp.tracking.uri), m.mlflow_experiment)
-    except Exception as exc:
-        log.warning("MLflow logger processes unavailable (%s)", exc)
-        return None
 
 
-def _storages_once_planned(checked: Future, planned_f: Future, members: list[Member]
-                           ) -> dict[str, WriteBehindStorage]:
-    """Each planned experiment's studies' storage, once every file passed its checks and
-    the studies are planned: without ``--resume``, an earlier run's studies of the same
-    names deleted (seconds on SQLite); none where the checks failed."""
-    if checked.exception() is not None:
-        return {}
-    procs = planned_f.result()
-    out = {}
-    for m in members:
-        if not m.planned:  # skipped: none of its hardware is in the cluster
-            continue
-        url = storage_url(m.exp.output.runs_dir, m.name)
-        if not m.resume:
-            drop_studies(url, [spec.name for spec in m.planned])
-        out[m.name] = WriteBehindStorage(url, process=procs)
-    return out
+

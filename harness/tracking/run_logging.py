@@ -326,13 +326,14 @@ class Logs:
             lane.close()
 
 
-def start_loggers(uri: str, experiment_name: str) -> tuple[Any, Any]:
+def start_loggers(uri: str, experiment_name: str, open_now: bool = True) -> tuple[Any, Any]:
     """The run's MLflow logger processes (the trials', and the plots' where the driver's
     machine has the cores for a second one): each takes seconds to start and import
     MLflow, so a run starts them as soon as Ray is up and hands them to ``Logs``."""
     one = _cores() < SEPARATE_PLOTTER_CORES
-    trials = start_trial_logger(uri, experiment_name, plots=one)
-    return trials, (trials if one else start_trial_logger(uri, experiment_name, plots=True))
+    trials = start_trial_logger(uri, experiment_name, plots=one, open_now=open_now)
+    return trials, (trials if one else start_trial_logger(uri, experiment_name, plots=True,
+                                                          open_now=open_now))
 
 
 def trial_record(st: Any, number: int, config: dict[str, Any],

@@ -502,8 +502,15 @@ class TrialLogger:
     #: where the trials are logged through the client (a tracking server).
     HISTORY_BATCH = 32
 
-    def __init__(self, uri: str, experiment: str, warm_plots: bool = False):
-        self.tracker = Tracker(uri, experiment)
+    def __init__(self, uri: str, experiment: str, warm_plots: bool = False,
+                 open_now: bool = True):
+        """``open_now`` False: MLflow is imported now, the store opened (and the
+        experiment created) on first use: a logger started before the run's files are
+        validated writes nothing until then."""
+        self._where = (uri, experiment)
+        self._tracker = Tracker(uri, experiment) if open_now else None
+        if not open_now:
+            import_mlflow()
         self._init()
         if warm_plots:
             self.warm_plots()
@@ -513,9 +520,15 @@ class TrialLogger:
     def sharing(cls, tracker: Tracker) -> TrialLogger:
         """One that logs through an existing Tracker (in the driver's process)."""
         self = cls.__new__(cls)
-        self.tracker = tracker
+        self._tracker = tracker
         self._init()
         return self
+
+    @property
+    def tracker(self) -> Tracker:
+        if self._tracker is None:
+            self._tracker = Tracker(*self._where)
+        return self._tracker
 
     def _init(self) -> None:
         self.errors: list[str] = []
@@ -657,12 +670,14 @@ def _sqlite_fast_commits() -> None:
         event.listen(Engine, "connect", fast_commits)
 
 
-def start_trial_logger(uri: str, experiment: str, plots: bool = False) -> Any:
+def start_trial_logger(uri: str, experiment: str, plots: bool = False,
+                       open_now: bool = True) -> Any:
     """A ``TrialLogger`` as a Ray actor on this (the driver's) node: it opens the same
     store (a relative SQLite path made absolute) and, like the GPU workers, sees the
     node's environment (MLflow credentials are not passed in its arguments, which Ray
     records). Its calls run in the order they are made. ``plots``: one that imports the
-    plotting code as it starts, to draw the studies' plots at the end."""
+    plotting code as it starts, to draw the studies' plots at the end. ``open_now``: see
+    ``TrialLogger``."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -671,7 +686,7 @@ def start_trial_logger(uri: str, experiment: str, plots: bool = False) -> Any:
         num_cpus=0, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
         **faults.actor_env(),
-    ).remote(absolute_uri(uri), experiment, warm_plots=plots)
+    ).remote(absolute_uri(uri), experiment, warm_plots=plots, open_now=open_now)
 
 
 def read_runs(uri: str, parent_run_id: str) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""A run's bookkeeping set up beside Ray's and the workers' start: where Optuna's trials
+are written and MLflow logged (processes of their own, or threads of the driver), the
+MLflow logger processes, the driver's MLflow runs (``RemoteTracker``, or a Tracker of the
+driver's own) and the studies' storages."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any
+
+import ray
+
+from harness import experiment
+from harness.fleet.compile import gpu_device_nodes
+from harness.fleet.head_start import starts_own_ray
+from harness.run.members import Member
+from harness.search import drop_studies, storage_url
+from harness.search.write_behind import WriteBehindStorage
+from harness.tracking import run_logging
+from harness.tracking.tracker import Tracker, import_mlflow, tracking_uri
+
+log = logging.getLogger(__name__)
+
+
+def bookkeeping_processes(exp: experiment.Experiment | experiment.FleetSettings,
+                          targets: list[str]) -> bool:
+    """Whether the Optuna writer and the MLflow logger run as processes of their own
+    (``fleet.bookkeeping``): beside a driver that feeds GPUs, so that it never waits on
+    SQLite; threads of the driver where no GPU runs (the interpreter sets the pace, and
+    each process would take seconds of the same CPUs to start)."""
+    fs = exp.fleet if isinstance(exp, experiment.Experiment) else exp
+    mode = fs.bookkeeping
+    return mode == "processes" or (mode == "auto" and any(k != "cpu" for k in targets))
+
+
+def tracks_locally(fs: experiment.FleetSettings, members: list[Member]) -> bool:
+    """Whether the run sets MLflow up in the driver (beside Ray's start): where no logger
+    process will (``fleet.bookkeeping``: threads, or auto on a machine without a GPU that
+    starts its own Ray), and for ``--resume``, which reconciles MLflow with the Optuna
+    storage in the driver. Elsewhere the trial logger's process does, while the workers
+    start (``RemoteTracker``), and the driver never imports MLflow."""
+    if any(m.resume for m in members) or fs.bookkeeping == "threads":
+        return True
+    if fs.bookkeeping == "processes":
+        return False
+    return not gpu_device_nodes() and starts_own_ray()
+
+
+def trackers_once_valid(checked: Future, members: list[Member]) -> dict[str, Tracker]:
+    """Each experiment's Tracker, created only once every file passed its checks (MLflow
+    writes its store as it starts); none otherwise. MLflow is imported after the checks'
+    imports, not beside them: on one interpreter lock, two imports at once ended both
+    later (the checks 10 s after the run's call on a 64-core H200 host, where Ray's own
+    start took 7 s), and the checks are what the run waits for once Ray is up."""
+    if checked.exception() is not None:
+        return {}
+    import_mlflow()
+    return {m.name: Tracker(m.exp.tracking.uri, m.mlflow_experiment) for m in members}
+
+
+def start_loggers(m: Member, open_now: bool = True) -> tuple[Any, Any] | None:
+    """The MLflow logger processes, started before the run's Tracker exists; None where
+    they cannot be (``Logs`` then logs on a thread). ``open_now``: see ``TrialLogger``."""
+    try:
+        return run_logging.start_loggers(tracking_uri(m.exp.tracking.uri),
+                                         m.mlflow_experiment, open_now=open_now)
+    except Exception as exc:
+        log.warning("MLflow logger processes unavailable (%s)", exc)
+        return None
+
+
+def kill_loggers(pairs: Iterable[tuple[Any, Any] | None]) -> None:
+    """Logger processes started early that the run does not use (its checks failed, its
+    studies were skipped, or it logs on threads)."""
+    for pair in pairs:
+        for actor in {id(a): a for a in (pair or ())}.values():
+            try:
+                ray.kill(actor)
+            except Exception:  # already gone with its Ray
+                pass
+
+
+def storages_once_planned(checked: Future, planned_f: Future, members: list[Member]
+                          ) -> dict[str, WriteBehindStorage]:
+    """Each planned experiment's studies' storage, once every file passed its checks and
+    the studies are planned: without ``--resume``, an earlier run's studies of the same
+    names deleted (seconds on SQLite); none where the checks failed."""
+    if checked.exception() is not None:
+        return {}
+    procs = planned_f.result()
+    out = {}
+    for m in members:
+        if not m.planned:  # skipped: none of its hardware is in the cluster
+            continue
+        url = storage_url(m.exp.output.runs_dir, m.name)
+        if not m.resume:
+            drop_studies(url, [spec.name for spec in m.planned])
+        out[m.name] = WriteBehindStorage(url, process=procs)
+    return out
