@@ -95,6 +95,9 @@ def test_nodes_place_by_key_compile_once_per_node_and_spread(nodes, tmp_path: Pa
     # Spread: every worker measured something (one task at a time: the first four go to
     # four workers), and each study ran on several of them.
     assert all(w.get("tasks", 0) >= 1 for w in workers), workers
+    # Each worker's first trial says where its time went (inputs, compile, launch).
+    assert all({"setup_s", "measure_s"} <= set(w.get("first_task", {})) for w in workers), \
+        workers
     pids = {}
     for n in (256, 512):
         study = optuna.load_study(study_name=f"multi/{FAULTY}/N={n}/fp32/H100",

@@ -297,6 +297,8 @@ class Fleet(Workers):
                 slot.book[k] = slot.book.get(k, 0.0) + max(0.0, float(v))
         if slot is not None:
             slot.book["tasks"] = slot.book.get("tasks", 0) + 1
+            if extra.get("first_task") and not slot.first_task:
+                slot.first_task = dict(extra["first_task"])
         if not baseline and "first_call_compiled" in extra:
             self.first_calls["watched"] += 1
             if extra.get("compiled_here"):

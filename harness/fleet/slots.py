@@ -87,6 +87,9 @@ class _Slot:
     id: int = field(default_factory=lambda: next(_SLOT_IDS))  # kept by its replacements
     held_s: float = 0.0  # GPU-held seconds of its workers already gone
     book: dict[str, float] = field(default_factory=dict)  # its seconds by phase (Fleet._book)
+    #: Where its first trial's time went in the worker (inputs, the compile's outcome,
+    #: the first launch): what a cold start waits for once the worker is up.
+    first_task: dict[str, Any] = field(default_factory=dict)
 
 
 _SLOT_IDS = itertools.count()
@@ -369,7 +372,7 @@ class Workers(Cluster):
             out.append({"hardware": slot.hardware, "node_id": slot.info.get("node_id", ""),
                         "gpu_ids": slot.info.get("gpu_ids", []), "held_s": round(held, 3),
                         "timing_fraction": round(timing / held, 4) if held else None,
-                        **book})
+                        **book, **({"first_task": slot.first_task} if slot.first_task else {})})
         return out
 
     def held_s(self) -> float:

@@ -140,6 +140,9 @@ class Worker:
         self._ran: set[int] = set()  # tasks run ahead of an older one
         self._busy = False  # the loop is running a task
         self._dropped = False  # a result dropped (fault injection: ``result_lost``)
+        #: Where this run's first trial on this worker spent its time (``_measure``):
+        #: reported once per run, in that trial's result.
+        self._first_task: dict[str, float] | None = {}
         self._head_since: tuple[int, float] | None = None  # the oldest task, since when
         self._here: set[int] = set()  # tasks that compile in this worker (_compile_here)
         # Kept workers (keep_s > 0) outlive a run; a run leases one (``lease``).
@@ -294,6 +297,7 @@ class Worker:
             self._ran.clear()
             self._lessee, self._last_call = run, now
             self._leased_at = time.perf_counter()
+            self._first_task = {}
             self.measurer.timing = Timing(**timing)
         if first is not None and self.pre is not None:
             t0, sent = time.monotonic(), self.pre.submitted
@@ -513,6 +517,9 @@ class Worker:
         problem = problem_key(kernel, shape, dtype, seed)
         self._loaded(problem, config)
         wait_s = time.perf_counter() - t_wait
+        first = self._first_task
+        if first is not None:
+            first["setup_s"] = round(wait_s, 3)  # inputs, reference, the compile's outcome
         self._current = (problem, fam, shape, dtype, seed)
         self._load_ahead()
         if pre is not None and pre.get("timeout"):
@@ -528,11 +535,21 @@ class Worker:
         # Where the worker compiles ahead, its peaks come when the GPU would idle
         # (``_idle_work``): a trial before them has no roofline share, not a wait.
         peaks = self._peaks if self.pre is not None else self.peaks()
+        t_measure = time.perf_counter()
         try:
             res = self.measurer.measure(fam, shape, dtype, config, seed, peaks=peaks)
         finally:
             self.measurer.timing = full
         res.extra["setup_s"] = wait_s  # inputs built, waited on the ahead-of-time compile
+        if first is not None:
+            # The first trial's own breakdown: what a cold start waits for in the worker.
+            self._first_task = None
+            res.extra["first_task"] = {
+                **first, "measure_s": round(time.perf_counter() - t_measure, 3),
+                "first_call_s": round(res.compile_s, 3) if res.compile_s == res.compile_s
+                and res.compile_s is not None else None,
+                "compile_s": (pre or {}).get("compile_s"), "ahead": pre is not None,
+                "here": here}
         if res.fatal:
             self.poisoned = f"the device context was poisoned by an earlier trial ({res.reason})"
         res.extra.update(self.where)
@@ -645,10 +662,12 @@ class Worker:
         if self.pre is None or not fam.compiles_ahead:
             return None
         problem = problem_key(kernel, shape, dtype, seed)
+        t0 = time.perf_counter()
         try:
             inputs = self.measurer.prepare(fam, shape, dtype, seed)
         except Exception:
             return None  # the measurement reports it
+        prepared = time.perf_counter()
         with self._hint_lock:
             if self._skeletons.get(problem) is None:
                 while len(self._skeletons) >= 64:
@@ -660,5 +679,9 @@ class Worker:
             self.pre.submit(problem, kernel, shape, skel, stashed)
         if config is None:
             return None
-        return self.pre.wait(problem, config)
+        out = self.pre.wait(problem, config)
+        if self._first_task is not None and "prepare_s" not in self._first_task:
+            self._first_task.update(prepare_s=round(prepared - t0, 3),
+                                    compile_wait_s=round(time.perf_counter() - prepared, 3))
+        return out
 
