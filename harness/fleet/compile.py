@@ -69,6 +69,10 @@ COMPILE_TIMEOUT_RATIO = 5.0
 RELATIVE_FLOOR_S = 10.0
 #: Compiles of a problem measured before its relative time-out applies.
 RELATIVE_AFTER = 5
+#: Compiles shorter than this are taken for loads from Triton's cache (a real compile of
+#: the smallest kernel takes longer) and left out of the median: a warm cache must not
+#: make the relative time-out cut a config the cache lacks.
+CACHE_HIT_S = 0.25
 #: How much longer than its time-out a compile may go unanswered before its waiter stops
 #: waiting and says so (the outcome's message, the service's queue or the service itself
 #: was lost).
@@ -551,7 +555,7 @@ class Precompiler:
         """A compile's duration, for its problem's relative time-out."""
         seconds = out.get("compile_s")
         if not out.get("ok") or not isinstance(seconds, (int, float)) \
-                or task.args[4].get(PREBUILD):
+                or seconds < CACHE_HIT_S or task.args[4].get(PREBUILD):
             return
         problem = task.key[0]
         if problem not in self._compile_s:
