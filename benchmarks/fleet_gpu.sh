@@ -7,10 +7,12 @@
 #             count a command with a Ray of its own (cold);
 #   warm      the same on a `ray start` fleet with kept workers, each count twice (the
 #             second run is the warm one);
-#   softmax   a user's own kernel (benchmarks/outside: the tutorial softmax at 12
-#             studies, copied into an empty directory) on 1 GPU and on all $GPUS's last;
 #   quickstart `kharness run configs/quickstart.yaml` on one GPU: cold (a Ray of its
-#             own), then twice on a `ray start` fleet with kept workers.
+#             own), then twice on a `ray start` fleet with kept workers;
+#   softmax   a user's own kernel (benchmarks/outside: the tutorial softmax at 12
+#             studies, copied into an empty directory) on 1 GPU and on all $GPUS's last
+#             (last: it may take its whole limit, SOFTMAX_S; a run stopped there still
+#             writes its --json, how far it got).
 # Usage: OUT=<folder> GPUS=1,2,4 PARTS=probe,scaling bash benchmarks/fleet_gpu.sh
 # Writes into $OUT: device.txt and, per part, its JSON summaries and logs. With
 # TARBALL=<file.tgz>, $OUT is packed into it after each run and every 20 s, so that a
@@ -82,15 +84,6 @@ if want warm; then
   fleet_down
   checkpoint
 fi
-if want softmax; then
-  for gpus in 0 "$ALL_GPUS"; do
-    n=$(echo "$gpus" | tr ',' '\n' | wc -l)
-    dir="$WORK/softmax$n"; mkdir -p "$dir"
-    cp "$ROOT/benchmarks/outside/mymod.py" "$ROOT/benchmarks/outside/softmax_12.yaml" "$dir/"
-    TRITON_CACHE_DIR="$dir/triton-cache" one_run "softmax_${n}gpu" softmax_12.yaml "$gpus" \
-      "${SOFTMAX_S:-150}"
-  done
-fi
 if want quickstart; then
   dir="$WORK/quickstart-cold"; mkdir -p "$dir"
   TRITON_CACHE_DIR="$dir/triton-cache" one_run quickstart_cold "$ROOT/configs/quickstart.yaml" \
@@ -102,5 +95,14 @@ if want quickstart; then
       "${QUICKSTART_S:-90}" --fresh --set fleet.keep_workers_s=600
   done
   fleet_down
+fi
+if want softmax; then
+  for gpus in 0 "$ALL_GPUS"; do
+    n=$(echo "$gpus" | tr ',' '\n' | wc -l)
+    dir="$WORK/softmax$n"; mkdir -p "$dir"
+    cp "$ROOT/benchmarks/outside/mymod.py" "$ROOT/benchmarks/outside/softmax_12.yaml" "$dir/"
+    TRITON_CACHE_DIR="$dir/triton-cache" one_run "softmax_${n}gpu" softmax_12.yaml "$gpus" \
+      "${SOFTMAX_S:-150}"
+  done
 fi
 for f in "$OUT"/*.log; do echo "== $f"; tail -n 3 "$f"; done
