@@ -111,6 +111,7 @@ class Worker:
         self.measurer = Measurer(Timing(**timing), keep=2)
         self._peaks: dict[str, float] | None = None
         self._inductor = False  # torch.compile's modules imported (``_idle_work``)
+        self._idle_s: dict[str, float] = {}  # how long each piece of ``_idle_work`` took
         self.poisoned = ""  # why the device context cannot be trusted any more
         # Loading ahead: while one config is timed, a thread brings the next queued
         # config's binary into this process (see _load_ahead).
@@ -256,6 +257,8 @@ class Worker:
             extra = out.setdefault("extra", {})
             extra.update(idle_s=idle_s, task_s=time.perf_counter() - t_task + ahead_s,
                          setup_s=extra.get("setup_s", 0.0) + ahead_s)
+            if "first_task" in extra:  # of its wait, the part before it was picked
+                extra["first_task"]["pick_s"] = round(ahead_s, 3)
             if method == "measure" and not self._dropped and faults.active("result_lost"):
                 self._dropped = True  # the driver never hears of this task
                 with self._cv:
@@ -478,12 +481,14 @@ class Worker:
         pay while it holds the GPU); whether it did any."""
         if self.pre is None:
             return False
+        t0 = time.perf_counter()
         if self._peaks is None:
             try:
                 self.peaks()
             except Exception as exc:  # a baseline tries again
                 log.warning("measuring the device's peaks failed: %s", exc)
                 self._peaks = {}
+            self._idle_s["peaks_s"] = round(time.perf_counter() - t0, 3)
             return True
         if not self._inductor and not self.spec.interpreted:
             self._inductor = True
@@ -492,6 +497,7 @@ class Worker:
                 import torch._inductor.compile_fx  # noqa: F401
             except Exception as exc:  # the baseline imports it, or reports why not
                 log.warning("importing torch.compile failed: %s", exc)
+            self._idle_s["inductor_import_s"] = round(time.perf_counter() - t0, 3)
             return True
         return False
 
@@ -549,7 +555,7 @@ class Worker:
                 "first_call_s": round(res.compile_s, 3) if res.compile_s == res.compile_s
                 and res.compile_s is not None else None,
                 "compile_s": (pre or {}).get("compile_s"), "ahead": pre is not None,
-                "here": here}
+                "here": here, **self._idle_s}
         if res.fatal:
             self.poisoned = f"the device context was poisoned by an earlier trial ({res.reason})"
         res.extra.update(self.where)
