@@ -59,8 +59,6 @@ def _missing_message(key: str, available: dict[str, int], unlabelled: int,
     return msg + "; its studies are skipped"
 
 
-
-
 def run(path: str | Path, resume: bool = False, console: Console | None = None,
         progress: bool = True, overrides: Sequence[str] = (),
         started_at: float | None = None, stop_own_ray: bool = False,
@@ -505,12 +503,5 @@ def _head_start_once_valid(checked: Future, members: list[Member], head: HeadSta
     except Exception as exc:  # only a head start: the fleet compiles them as usual
         log.warning("the head start of the first compiles failed: %s", exc)
         head.close()
-
-
-
-
-
-
-
 
 
