@@ -143,17 +143,14 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                       highlight=False)
         if args.json and not campaign:  # how far it got, for whoever stopped it
             summary.wall_s = time.monotonic() - summary.t0
-            _redact(summary)
-            print(jsonsafe.dumps({**summary_json(summary),
-                                  "stopped": signal.Signals(signum).name},
-                                 default=str, indent=1))
+            _print_json(summary, stopped=signal.Signals(signum).name)
         return 128 + signum
     if campaign:
         return _campaign_done(args, result, console)
-    _redact(summary)
     if args.json:
-        print(jsonsafe.dumps(summary_json(summary), default=str, indent=1))
+        _print_json(summary)
         return _not_tuned(summary.rows, console)
+    _redact(summary)
     print_summary(_stdout(), summary, quiet=args.quiet)
     return _not_tuned(summary.rows, console)
 
@@ -176,6 +173,12 @@ def _campaign_done(args: argparse.Namespace, result: Any, console: Console) -> i
                           "available", highlight=False)
     rc = _not_tuned([r for e in result.experiments for r in e.summary.rows], console)
     return EXIT_NO_HARDWARE if any(e.skipped for e in result.experiments) else rc
+
+
+def _print_json(summary: Any, **extra: Any) -> None:
+    """The run's ``--json`` object on stdout, redacted (``extra``: more of its keys)."""
+    _redact(summary)
+    print(jsonsafe.dumps({**summary_json(summary), **extra}, default=str, indent=1))
 
 
 def _redact(summary: Any) -> None:

@@ -10,6 +10,7 @@ one its node advertises (``cluster.check_placement``, on the driver's side).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -552,8 +553,8 @@ class Worker:
             self._first_task = None
             res.extra["first_task"] = {
                 **first, "measure_s": round(time.perf_counter() - t_measure, 3),
-                "first_call_s": round(res.compile_s, 3) if res.compile_s == res.compile_s
-                and res.compile_s is not None else None,
+                "first_call_s": round(res.compile_s, 3)
+                if res.compile_s is not None and math.isfinite(res.compile_s) else None,
                 "compile_s": (pre or {}).get("compile_s"), "ahead": pre is not None,
                 "here": here, **self._idle_s}
         if res.fatal:
