@@ -480,6 +480,31 @@ def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(
     assert summary.overhead["idle"] < 2.0
 
 
+def test_tasks_waiting_on_a_busy_compile_service_are_no_hang(
+        cl, events, tmp_path: Path, monkeypatch) -> None:
+    """A worker whose queued configs wait for the node's compile service longer than
+    the trial time-out (a campaign's backlog of slow compiles) is not taken for hung:
+    its loop runs no task meanwhile. It is told once, and every trial is measured by
+    the one worker."""
+    import harness.run.schedule as hschedule
+
+    monkeypatch.setattr(hschedule, "MAX_KNOWN", 1)
+    path = _experiment(tmp_path, name="backlog", hardware=["H200"], seed=4,
+                       search={"sampler": "grid", "trials": 3, "warm_start": False,
+                               "remeasure_top_k": 0},
+                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": [0, 10, 20],
+                                                "COMPILE_MS": [5000]}},
+                       timing={"trial_timeout_s": 3.5},
+                       fleet={"queue_depth": 4, "compile_workers": 1,
+                              "compile_timeout_s": 12, "compile_timeout_ratio": 0})
+    summary, _ = _run(path)
+    trials = _trials(tmp_path, "backlog", f"backlog/{FAULTY}/N=256/fp32/H200")
+    assert len(_by_status(trials, "measured")) == 3, [t.user_attrs for t in trials]
+    events_text = "\n".join(summary.events)
+    assert "killed" not in events_text and summary.replaced == 0, events_text
+    assert "waited over 3.5 s for its tasks' compiles" in events_text
+
+
 def _kept() -> list[str]:
     """Names of the kept workers (and kept compile services) alive in the cluster."""
     from ray.util import list_named_actors

@@ -363,17 +363,27 @@ def test_a_batch_the_store_refuses_is_logged_one_by_one(tmp_path, monkeypatch,
     assert sorted(steps) == list(range(2 * (track.BULK_FAILURES + 1)))
 
 
+class _Version(str):
+    """A str of the test's own module, as torch's TorchVersion is of torch's."""
+
+
 @pytest.mark.slow
 def test_the_driver_s_runs_through_the_logger_process(local_ray, tmp_path, mlflow_db):
     """``RemoteTracker``: the driver's experiment and study runs are created, logged to and
     ended by the trial logger's process, as a Tracker of the driver's own would; a call
     the store refuses is a TrackingError naming it, never a hang."""
     uri = f"sqlite:///{mlflow_db}"
-    actor = track.start_trial_logger(uri, "remote-exp")
+    actor = track.start_trial_logger(uri, "remote-exp", open_now=False)
+    assert MlflowClient(uri).get_experiment_by_name("remote-exp") is None
     remote = run_mod.RemoteTracker(actor, uri)
     assert remote.uri == uri
+    # The store is opened as the RemoteTracker is made, before any run is asked for.
+    ray.get(actor.flush.remote())
+    assert MlflowClient(uri).get_experiment_by_name("remote-exp") is not None
     parent = remote.start_run("exp", {"harness.level": "experiment"})
-    child = remote.start_run("study", {"harness.level": "study"}, parent=parent)
+    # A tag value of a str subclass (as torch.__version__) reaches MLflow as plain text.
+    child = remote.start_run("study", {"harness.level": "study", "torch": _Version("2.11")},
+                             parent=parent)
     assert remote.start_run("study", {}, resume=child) == child  # reopened, not new
     remote.log(child, params={"kernel": "k"}, metrics={"best_ms": 1.5})
     (tmp_path / "pack.json").write_text("{}")
@@ -383,6 +393,7 @@ def test_the_driver_s_runs_through_the_logger_process(local_ray, tmp_path, mlflo
     run = client.get_run(child)
     assert run.data.params == {"kernel": "k"} and run.data.metrics == {"best_ms": 1.5}
     assert run.data.tags["mlflow.parentRunId"] == parent and run.info.status == "FINISHED"
+    assert run.data.tags["torch"] == "2.11"
     assert [a.path for a in client.list_artifacts(parent, "packs")] == ["packs/pack.json"]
     with pytest.raises(track.TrackingError, match="log failed"):
         remote.log("no-such-run", params={"a": 1})

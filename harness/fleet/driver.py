@@ -10,6 +10,7 @@ does.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -240,8 +241,23 @@ class Fleet(Workers):
                     self._drop(slot, f"{slot.hardware}: a replacement worker did not start "
                                      f"within {self.start_timeout_s:g} s")
                 continue
-            if slot.queue and now - slot.head_started > self.trial_timeout_s:
-                task = slot.queue.pop(self._running(slot))[0]
+            if slot.queue and now - max(slot.head_started, slot.hang_from) \
+                    > self.trial_timeout_s:
+                idx, busy_s = self._running(slot)
+                if busy_s is None or busy_s < self.trial_timeout_s:
+                    # No hang: the worker waits for its tasks' compiles (each bounded by
+                    # the compile service's time-outs), or began the one it runs later.
+                    slot.hang_from = now if busy_s is None else now - busy_s
+                    if busy_s is None and not slot.waited_compiles:
+                        slot.waited_compiles = True
+                        self.events.append(
+                            f"{slot.hardware}: worker on node "
+                            f"{slot.info.get('node_id', '?')[:12]} waited over "
+                            f"{self.trial_timeout_s:g} s for its tasks' compiles (the "
+                            "node's compile service is behind); not a hang")
+                        log.warning("%s", self.events[-1])
+                    continue
+                task = slot.queue.pop(idx)[0]
                 self.busy_s[slot.hardware] = (self.busy_s.get(slot.hardware, 0.0)
                                               + now - slot.head_started)
                 done.append((task, TrialResult(
@@ -251,14 +267,18 @@ class Fleet(Workers):
                                     f"{slot.info.get('node_id', '?')[:12]} killed after a "
                                     f"{self.trial_timeout_s:g} s time-out")
 
-    def _running(self, slot: _Slot) -> int:
-        """Which of ``slot``'s queued tasks its worker is running (the oldest where the
-        worker does not answer: a hang may hold the whole process)."""
+    def _running(self, slot: _Slot) -> tuple[int, float | None]:
+        """Which of ``slot``'s queued tasks its worker is running and for how long (the
+        oldest, for ever, where the worker does not answer: a hang may hold the whole
+        process); None: it runs none of them, it waits for their compiles."""
         try:
-            seq = ray.get(slot.actor.running.remote(), timeout=5)
+            state = ray.get(slot.actor.running.remote(), timeout=5)
         except Exception:
-            return 0
-        return next((i for i, (t, _) in enumerate(slot.queue) if t.seq == seq), 0)
+            return 0, math.inf
+        idx = next((i for i, (t, _) in enumerate(slot.queue) if t.seq == state["seq"]), None)
+        if state["busy_s"] is None:
+            return 0, None
+        return idx or 0, state["busy_s"]
 
     def _drain(self, done: list) -> None:
         """Send requeued tasks to workers of their hardware with room; fail those whose

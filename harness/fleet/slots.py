@@ -83,6 +83,10 @@ class _Slot:
     queue: list[tuple[Task, Any]] = field(default_factory=list)  # in order of sending
     seq: int = 0
     head_started: float = 0.0
+    #: Where the hang clock starts: ``head_started``, or later where the worker said its
+    #: loop ran no task (it waited for compiles) or since when it runs the one it does.
+    hang_from: float = 0.0
+    waited_compiles: bool = False  # told once: its tasks waited long for compiles
     kept: bool = False  # a detached worker that outlives the run
     id: int = field(default_factory=lambda: next(_SLOT_IDS))  # kept by its replacements
     held_s: float = 0.0  # GPU-held seconds of its workers already gone

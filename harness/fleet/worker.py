@@ -141,6 +141,7 @@ class Worker:
         self._next = 0  # the oldest task not run yet
         self._ran: set[int] = set()  # tasks run ahead of an older one
         self._busy = False  # the loop is running a task
+        self._busy_since = 0.0  # time.monotonic() as it began it
         self._dropped = False  # a result dropped (fault injection: ``result_lost``)
         #: Where this run's first trial on this worker spent its time (``_measure``):
         #: reported once per run, in that trial's result.
@@ -200,8 +201,9 @@ class Worker:
             "interpreted": self.spec.interpreted,
             "precompile": self.pre is not None,
             "compile_workers": self.pre.processes if self.pre is not None else 0,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
+            # Plain str: torch's TorchVersion would make whoever unpickles it import torch.
+            "torch": str(torch.__version__),
+            "triton": str(triton.__version__),
             "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
             "startup_s": dict(self.startup_s),
             "nice": self.nice,
@@ -241,6 +243,7 @@ class Worker:
                 method, args = self._tasks.pop(seq)
                 self._seq = seq
                 self._busy = True
+                self._busy_since = time.monotonic()
                 self._ran.add(seq)
                 while self._next in self._ran:
                     self._ran.discard(self._next)
@@ -271,9 +274,13 @@ class Worker:
                 self._cv.notify_all()
 
     @ray.method(concurrency_group="control")
-    def running(self) -> int:
-        """The task the loop runs now (or ran last): the one a hang is blamed on."""
-        return self._seq
+    def running(self) -> dict[str, Any]:
+        """The task the loop runs now (or ran last), the one a hang is blamed on, and for
+        how long it has run (``busy_s``; None: the loop runs none, it waits for a task or
+        for the compiles of those queued, which is no hang)."""
+        with self._cv:
+            busy_s = time.monotonic() - self._busy_since if self._busy else None
+            return {"seq": self._seq, "busy_s": busy_s}
 
     # -- kept workers: leased by one run at a time ----------------------------------------
     #: A lessee silent this long (no task sent, no heartbeat) is taken for dead.
@@ -491,7 +498,9 @@ class Worker:
                 self._peaks = {}
             self._idle_s["peaks_s"] = round(time.perf_counter() - t0, 3)
             return True
-        if not self._inductor and not self.spec.interpreted:
+        # Not before the first trial: the import holds this thread for seconds (9 s on a
+        # 64-core host busy starting its compile service) while the first compiles land.
+        if not self._inductor and not self.spec.interpreted and self._first_task is None:
             self._inductor = True
             try:
                 import torch._dynamo  # noqa: F401

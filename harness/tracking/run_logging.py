@@ -79,8 +79,12 @@ class RemoteTracker:
     of ``Tracker``, each answered in order after what was sent to the logger before."""
 
     def __init__(self, actor: Any, uri: str | None) -> None:
+        """Created once the run's files passed their checks: the logger opens the store
+        now (a new SQLite store's tables: seconds), while the workers start, not at the
+        first run it is asked for."""
         self.actor = actor
         self.uri = tracking_uri(uri)
+        self.actor.open.remote()  # answered in order before the calls below; never raises
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -100,7 +104,11 @@ class RemoteTracker:
 
     def start_run(self, name: str, tags: dict[str, str], parent: str | None = None,
                   resume: str | None = None) -> str:
-        return self._call("start_run", name, dict(tags), parent, resume)
+        # Plain str values: an object of another package (torch's TorchVersion) would
+        # make the logger import that package to unpickle it (seconds, on the way to
+        # the first trial).
+        return self._call("start_run", name, {k: str(v) for k, v in tags.items()}, parent,
+                          resume)
 
     def log(self, run_id: str, params: dict[str, Any] | None = None,
             metrics: dict[str, Any] | None = None, tags: dict[str, Any] | None = None,

@@ -595,6 +595,16 @@ class TrialLogger:
             metrics: Mapping[str, Any] | None = None) -> None:
         self._do(self.tracker.log, run_id, params=params, metrics=metrics)
 
+    def open(self) -> str | None:
+        """Open the store now (``open_now`` False); the error, if it could not be, which
+        the next call that needs the store raises."""
+        try:
+            if self._tracker is None:
+                self._tracker = Tracker(*self._where)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"[:300]
+        return None
+
     #: The Tracker methods the driver calls through this process (``RemoteTracker``).
     FORWARDED = frozenset({"start_run", "log", "finish", "log_artifact"})
 
