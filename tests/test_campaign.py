@@ -222,7 +222,7 @@ def test_two_experiments_tuning_one_pack_entry_are_named():
     (line,) = overlaps([a, b, member("c", shapes=[{"N": 512}], output=shared),
                         member("d")])  # another shape; another packs folder
     assert line.startswith("experiments a and b both tune") and "N=256 fp32 on cpu" in line
-    assert "b's winner, frozen last" in line
+    assert "the one that finishes last is the one the pack keeps" in line
 
 
 def test_a_study_s_tasks_carry_its_experiment_s_budgets():

@@ -165,3 +165,56 @@ def test_driver_killed_and_resumed(tmp_path: Path, stop: int) -> None:
     expected = sorted(n for n, t in after.items() if t["status"] in ("measured", "failed"))
     assert numbers == expected  # each exactly once: none lost, none logged twice
     assert (tmp_path / "packs" / "cpu" / "faulty.json").is_file()
+
+
+def test_a_stopped_campaign_keeps_the_packs_of_its_finished_experiments(
+        tmp_path: Path) -> None:
+    """A campaign stopped (SIGTERM: a time limit) after one of its experiments finished
+    keeps that experiment's packs, written as its last study ended; the experiment still
+    searching writes none."""
+    events = tmp_path / "events"
+    events.mkdir()
+
+    def exp(name: str, sleeps: list[int], trials: int) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({
+            "name": name, "kernel": FAULTY, "shapes": [{"N": 256}], "dtypes": ["fp32"],
+            "search": {"sampler": "grid", "trials": trials, "remeasure_top_k": 1},
+            "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": sleeps}},
+            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+            "output": {"packs_dir": str(tmp_path / f"packs_{name}"),
+                       "runs_dir": str(tmp_path / "runs")},
+            "fleet": {"compile_workers": 0}}))
+        return path
+
+    quick, slow = exp("quick", [0, 1], 2), exp("slow", SLEEPS, len(SLEEPS))
+    cmd = [sys.executable, "-m", "harness", "run", str(quick), str(slow), "--json"]
+    with open(tmp_path / "run.log", "w") as log, open(tmp_path / "run.json", "w") as js:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(events), stdout=js,
+                                stderr=log, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while not list((tmp_path / "packs_quick").rglob("*.json")):
+                assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the quick experiment wrote no pack"
+                time.sleep(0.2)
+            assert _finished(tmp_path / "runs" / "slow" / "optuna.db") < len(SLEEPS)
+            os.kill(proc.pid, signal.SIGTERM)
+            rc = proc.wait(60)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = (tmp_path / "run.log").read_text()
+    assert rc == 128 + signal.SIGTERM, text[-3000:]
+    (pack,) = list((tmp_path / "packs_quick").rglob("*.json"))
+    kernels = json.loads(pack.read_text())["kernels"]
+    (entry,) = [e for dtypes in kernels.values() for shapes in dtypes.values()
+                for e in shapes.values()]
+    assert entry["config"]["SLEEP_MS"] in (0, 1) and entry["provenance"]["experiment"] == "quick"
+    assert not list((tmp_path / "packs_slow").rglob("*.json")), "a stopped experiment's pack"
+    partial = json.loads((tmp_path / "run.json").read_text())
+    assert partial["stopped"] == "SIGTERM"
+    quick_summary = next(e for e in partial["experiments"] if e["name"] == "quick")
+    assert quick_summary["packs"] == [str(pack)]

@@ -113,14 +113,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     kwargs = {"resume": args.resume, "console": console,
               "progress": not (args.quiet or args.json), "overrides": args.set or (),
               "started_at": harness.IMPORTED_AT, "stop_own_ray": True}
+    from harness.run.campaign import CampaignSummary
     from harness.run.results import Summary
 
     summary = Summary(t0=harness.IMPORTED_AT)  # filled as it goes: read even if stopped
+    result = CampaignSummary()  # a campaign's, likewise
     try:
         if campaign:
             from harness.run.campaign import run_campaign
 
-            result = run_campaign(args.experiments, **kwargs)
+            result = run_campaign(args.experiments, result=result, **kwargs)
         else:
             from harness.run.runner import run
 
@@ -141,9 +143,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                       "measured so far are kept in each experiment's Optuna storage; "
                       f"`kharness run {escape(files)} --resume` goes on from them",
                       highlight=False)
-        if args.json and not campaign:  # how far it got, for whoever stopped it
+        stopped = signal.Signals(signum).name
+        if args.json and campaign:  # how far it got, for whoever stopped it
+            for s in [result.fleet, *(e.summary for e in result.experiments)]:
+                s.wall_s = time.monotonic() - s.t0
+                _redact(s)
+            print(jsonsafe.dumps({**campaign_json(result), "stopped": stopped}, default=str,
+                                 indent=1))
+        elif args.json:
             summary.wall_s = time.monotonic() - summary.t0
-            _print_json(summary, stopped=signal.Signals(signum).name)
+            _print_json(summary, stopped=stopped)
         return 128 + signum
     if campaign:
         return _campaign_done(args, result, console)

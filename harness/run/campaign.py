@@ -50,13 +50,15 @@ class CampaignSummary:
 def run_campaign(paths: Sequence[str | Path], resume: bool = False,
                  console: Console | None = None, progress: bool = True,
                  overrides: Sequence[str] = (), started_at: float | None = None,
-                 stop_own_ray: bool = False) -> CampaignSummary:
+                 stop_own_ray: bool = False,
+                 result: CampaignSummary | None = None) -> CampaignSummary:
     """Run the experiments of ``paths`` (files, and folders: their ``*.yaml``) as one
     campaign; the arguments as ``harness.run.runner.run``'s, ``resume`` and
     ``overrides`` applying to each file. Raises ExperimentError, before anything is
     written or started, for the first bad file or a name two files share, and
     NoHardwareError where none of the experiments' hardware is in the cluster (one
-    whose hardware is missing is skipped: ``Entry.skipped``)."""
+    whose hardware is missing is skipped: ``Entry.skipped``). ``result``: filled as the
+    campaign goes, so that a caller stopped by a signal can say how far it got."""
     console = console or Console(stderr=True)
     items = experiment.load_all(experiment.expand(paths), overrides)
     t0 = time.monotonic() if started_at is None else started_at
@@ -69,7 +71,12 @@ def run_campaign(paths: Sequence[str | Path], resume: bool = False,
         for m in reversed(members):
             m.lock.release(undo=True)
         raise
-    fleet = Summary(t0=t0)
-    execute(members, fleet, console, progress, stop_own_ray)
-    return CampaignSummary([Entry(str(m.path), m.name, m.summary, m.skipped) for m in members],
-                           fleet)
+    result = result if result is not None else CampaignSummary()
+    result.fleet = Summary(t0=t0)
+    result.experiments = [Entry(str(m.path), m.name, m.summary) for m in members]
+    try:
+        execute(members, result.fleet, console, progress, stop_own_ray)
+    finally:
+        for entry, m in zip(result.experiments, members, strict=True):
+            entry.skipped = m.skipped
+    return result

@@ -23,7 +23,7 @@ from harness import experiment
 from harness.fleet import Fleet, Task
 from harness.kernel.api import DeviceSpec
 from harness.measure.timing import TrialResult
-from harness.run import schedule
+from harness.run import freeze, schedule
 from harness.run.results import Summary, fleet_metrics
 from harness.search import Search, warmstart
 from harness.search.write_behind import WriteBehindStorage
@@ -54,6 +54,7 @@ class Member:
     run_state: dict[str, Any] = field(default_factory=dict)
     logged: dict | None = None  # on --resume: what the previous run logged to MLflow
     plotted: set[str] = field(default_factory=set)
+    frozen: bool = False  # its packs are written (``freeze_packs``)
     tracker: Tracker = field(init=False, repr=False)
     logs: Logs = field(init=False, repr=False)
     storage: WriteBehindStorage = field(init=False, repr=False)
@@ -117,7 +118,8 @@ def overlaps(members: Sequence[Member]) -> list[str]:
             if other != m.name:
                 out.append(f"experiments {other} and {m.name} both tune {spec.kernel} "
                            f"{spec.shape_key} {spec.dtype} on {spec.hardware} into {packs}: "
-                           f"{m.name}'s winner, frozen last, is the one the pack keeps")
+                           "the winner of the one that finishes last is the one the pack "
+                           "keeps")
     return out
 
 
@@ -255,6 +257,18 @@ def log_baselines(st: schedule.StudyState, m: Member) -> None:
         ok = res.get("ok", True)
         m.logs.log(st.run_id, metrics={f"{name}_latency_ms": res.get("latency_ms")},
                    params={f"{name}_status": "ok" if ok else str(res.get("reason"))[:400]})
+
+
+def freeze_packs(m: Member) -> None:
+    """The experiment's packs written from its studies, once: in a campaign as soon as
+    its last study is done (a campaign stopped later keeps them), else after the search."""
+    if m.frozen:
+        return
+    m.frozen = True
+    freeze.keep_previous_packs(m.exp, m.studies)
+    m.summary.packs = freeze.freeze(m.exp, m.studies, m.logs, m.summary.parent_run_id)
+    m.summary.mark("packs_frozen")
+    m.state_path.write_text(json.dumps({**m.run_state, "packs": m.summary.packs}))
 
 
 def plots(m: Member, st: schedule.StudyState) -> None:

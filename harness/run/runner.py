@@ -8,7 +8,6 @@ This module only wires the homes together; each decision lives in its own module
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -338,10 +337,18 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         for m in active:
             m.logs.release(m.storage.poll_stored())
 
+    def study_done(st: schedule.StudyState) -> None:
+        m = owner(st)
+        mem.log_baselines(st, m)
+        # A campaign's experiment whose studies are all done has its packs written now:
+        # a campaign stopped later (a time limit, Ctrl-C) keeps them.
+        if campaign and all(s.phase == "done" for s in m.studies):
+            mem.freeze_packs(m)
+
     sched = schedule.Scheduler(
         [m.exp for m in active], fleet, studies,
         lambda t, r: mem.record(t, r, owner(t.tag[1])), tick,
-        lambda st: mem.plots(owner(st), st), lambda st: mem.log_baselines(st, owner(st)))
+        lambda st: mem.plots(owner(st), st), study_done)
     stopped = False
     try:
         sched.run(console, progress)
@@ -363,11 +370,7 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         if m.summary is not summary:  # a campaign's experiment: its own steps
             m.summary.fleet = {"studies": _study_times(m.studies, summary.t0)}
             m.summary.timeline = _own_timeline(m, sched.began.get(m.name), summary.t0)
-        freeze.keep_previous_packs(m.exp, m.studies)
-        m.summary.packs = freeze.freeze(m.exp, m.studies, m.logs, m.summary.parent_run_id)
-        m.summary.mark("packs_frozen")
-        m.state_path.write_text(json.dumps({**m.run_state,
-                                            "packs": m.summary.packs}))
+        mem.freeze_packs(m)
         m.summary.rows = [freeze.row(st) for st in m.studies]
     summary.mark("packs_frozen")
     if summary is not members[0].summary:
