@@ -60,6 +60,20 @@ def _measured(snap: dict[int, dict]) -> list[int]:
     return [n for n, t in snap.items() if t["status"] == "measured" and t["state"] == "COMPLETE"]
 
 
+def _stop(proc: subprocess.Popen, sig: int) -> int:
+    """Send ``sig`` to the driver; its exit code."""
+    os.kill(proc.pid, sig)
+    return proc.wait(60)
+
+
+def _sweep(proc: subprocess.Popen) -> None:
+    """The driver's own local Ray dies with it; sweep its process group anyway."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
 def test_driver_killed_and_resumed(tmp_path: Path, stop: int) -> None:
     events = tmp_path / "events"
@@ -95,14 +109,9 @@ def test_driver_killed_and_resumed(tmp_path: Path, stop: int) -> None:
                 if _finished(tmp_path / "runs" / "resume" / "optuna.db") >= 3:
                     break
                 time.sleep(0.2)
-            os.kill(proc.pid, stop)
-            rc = proc.wait(60)
+            rc = _stop(proc, stop)
         finally:
-            # The driver's own local Ray dies with it; sweep its process group anyway.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _sweep(proc)
     if stop == signal.SIGTERM:
         text = (tmp_path / "first.log").read_text()
         said = " ".join(text.split())  # the console wraps long lines
@@ -199,13 +208,9 @@ def test_a_stopped_campaign_keeps_the_packs_of_its_finished_experiments(
                 assert time.monotonic() < deadline, "the quick experiment wrote no pack"
                 time.sleep(0.2)
             assert _finished(tmp_path / "runs" / "slow" / "optuna.db") < len(SLEEPS)
-            os.kill(proc.pid, signal.SIGTERM)
-            rc = proc.wait(60)
+            rc = _stop(proc, signal.SIGTERM)
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _sweep(proc)
     text = (tmp_path / "run.log").read_text()
     assert rc == 128 + signal.SIGTERM, text[-3000:]
     (pack,) = list((tmp_path / "packs_quick").rglob("*.json"))
