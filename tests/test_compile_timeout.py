@@ -77,7 +77,10 @@ class StandInPool:
         self.stats = {"relative": 0, "killed": 0, "lost": 0}
         self.futures: dict[tuple[str, str], Future] = {}
 
-    def submit(self, problem: str, kernel: str, shape: Any, skel: Any, configs: Any) -> None:
+    def submit(self, problem: str, kernel: str, shape: Any, skel: Any, configs: Any,
+               priority: int = fleet_compile.AHEAD) -> None:
+        self.priorities = getattr(self, "priorities", [])
+        self.priorities += [(config_key(c), priority) for c in configs]
         for c in configs:
             self.futures.setdefault((problem, config_key(c)), Future())
 
@@ -148,6 +151,26 @@ def test_the_long_poll_returns_on_news_and_repeats_outcomes_until_acknowledged()
         svc.submit(PROBLEM, FAULTY, SHAPE, None, [a], "c2")
         assert svc.outcomes("c2", 10.0, [])["outcomes"] == {_key(a): {"ok": True}}
         assert svc.info()["deduplicated"] == 1
+
+
+def test_a_queued_trial_s_config_reaches_the_pool_as_urgent() -> None:
+    """Through the worker's client and the node's service: configs known to come go to
+    the pool as ``AHEAD``; one of them asked for again for a queued trial goes again as
+    ``URGENT`` (the pool moves it up), and a torch.compile baseline as ``BACKGROUND``."""
+    svc, pool = _stand_in_service(5.0)
+    client = NodeCompiler(LocalHandle(svc), 1, grace_s=1.0)
+    try:
+        known, queued = _cfg(SLEEP_MS=1), _cfg(SLEEP_MS=2)
+        client.submit(PROBLEM, FAULTY, SHAPE, None, [known, queued])
+        _until(lambda: len(getattr(pool, "priorities", [])) == 2, 5, "the known configs")
+        client.submit(PROBLEM, FAULTY, SHAPE, None, [queued], fleet_compile.URGENT)
+        _until(lambda: len(pool.priorities) == 3, 5, "the queued trial's config")
+        svc.prebuild(FAULTY, SHAPE, "fp32", 0)
+        assert [p for _, p in pool.priorities] == [fleet_compile.AHEAD] * 2 + [
+            fleet_compile.URGENT, fleet_compile.BACKGROUND]
+        assert pool.priorities[2][0] == config_key(queued)
+    finally:
+        client.close()
 
 
 def test_a_lost_outcome_resolves_the_client_within_the_grace(monkeypatch, caplog) -> None:
@@ -298,6 +321,30 @@ def test_a_compile_over_its_time_out_fails_and_frees_its_child(tmp_path: Path,
         nxt = pre.wait(PROBLEM, after)
         assert nxt["ok"] and nxt["pid"] == out["pid"]  # the same child, freed
         assert pre.stats == {"timed_out": 1, "relative": 0, "killed": 0, "lost": 0}
+    finally:
+        pre.close()
+
+
+def test_a_free_child_takes_the_most_urgent_config_first(tmp_path: Path,
+                                                         monkeypatch) -> None:
+    """A config a worker has queued to measure (``URGENT``) compiles before the ones known
+    to come (``AHEAD``), and those before a torch.compile baseline (``BACKGROUND``); a
+    known config asked for again by a queued trial moves up."""
+    monkeypatch.setenv("FAULT_DIR", str(tmp_path))
+    order: list[str] = []
+    pre = Precompiler(1, on_start=lambda k: order.append(k[1]))
+    try:
+        pre.start()
+        _until(lambda: all(c["ready"] for c in pre.children()), 60, "a warm child")
+        a1, a2, a3 = (_cfg(COMPILE_MS=400, SLEEP_MS=i) for i in (1, 2, 3))
+        bg, urgent = _cfg(SLEEP_MS=4), _cfg(SLEEP_MS=5)
+        pre.submit(PROBLEM, FAULTY, SHAPE, _skel(), [a1, a2, a3])  # AHEAD by default
+        _until(lambda: order, 10, "the first compile to start")
+        pre.submit(PROBLEM, FAULTY, SHAPE, _skel(), [bg], fleet_compile.BACKGROUND)
+        pre.submit(PROBLEM, FAULTY, SHAPE, _skel(), [urgent], fleet_compile.URGENT)
+        pre.submit(PROBLEM, FAULTY, SHAPE, _skel(), [a3], fleet_compile.URGENT)
+        assert all(pre.wait(PROBLEM, c)["ok"] for c in (a1, a2, a3, bg, urgent))
+        assert order == [config_key(c) for c in (a1, urgent, a3, a2, bg)], order
     finally:
         pre.close()
 

@@ -43,7 +43,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -121,6 +121,13 @@ def _pool_context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
+#: Which queued compile a free child takes first (lowest first): a config a worker has
+#: queued to measure, one known to come (the first study's first asks), a torch.compile
+#: baseline built ahead. In a campaign of slow compiles, configs the GPUs already wait
+#: for went behind whole grids of known ones and baselines.
+URGENT, AHEAD, BACKGROUND = 0, 1, 2
+
+
 @dataclass(eq=False)
 class _Task:
     """One config to compile, from its submission to its outcome."""
@@ -129,9 +136,40 @@ class _Task:
     key: Key
     args: tuple
     hang: bool  # the compile_hang fault
+    priority: int = AHEAD
     future: Future = field(default_factory=Future)
     started: float | None = None  # when a child took it (monotonic)
     timed_out: bool = False
+
+
+class _Queue:
+    """The configs not yet taken by a child: in order of submission within each priority,
+    the most urgent first; a config asked for again more urgently moves up."""
+
+    def __init__(self) -> None:
+        self._by: tuple[deque[_Task], ...] = (deque(), deque(), deque())
+
+    def append(self, task: _Task) -> None:
+        self._by[task.priority].append(task)
+
+    def raise_to(self, task: _Task, priority: int) -> None:
+        if priority < task.priority and task in self._by[task.priority]:
+            self._by[task.priority].remove(task)
+            task.priority = priority
+            self._by[priority].append(task)
+
+    def popleft(self) -> _Task:
+        return next(q for q in self._by if q).popleft()
+
+    def clear(self) -> None:
+        for q in self._by:
+            q.clear()
+
+    def __iter__(self) -> Iterator[_Task]:
+        return (t for q in self._by for t in q)
+
+    def __len__(self) -> int:
+        return sum(map(len, self._by))
 
 
 @dataclass(eq=False)
@@ -200,7 +238,7 @@ class Precompiler:
         self.stats = {"timed_out": 0, "relative": 0, "killed": 0, "lost": 0}
         self._lock = threading.Lock()
         self._futures: dict[Key, _Task] = {}  # for pending() and wait()
-        self._queue: deque[_Task] = deque()  # not yet taken by a child
+        self._queue = _Queue()  # not yet taken by a child
         self._children: list[_Child] = []
         self._pump: threading.Thread | None = None
         self._ctx: Any = None
@@ -279,7 +317,9 @@ class Precompiler:
 
     # -- the interface ------------------------------------------------------------------
     def submit(self, problem: str, kernel: str, shape: Mapping[str, int], skel: Any,
-               configs: Iterable[Mapping[str, Any]]) -> None:
+               configs: Iterable[Mapping[str, Any]], priority: int = AHEAD) -> None:
+        """Compile ``configs`` of ``problem``, queued at ``priority`` (``URGENT`` ...); a
+        config already queued less urgently moves up."""
         hang = faults.active("compile_hang")
         with self._lock:
             if not self._boot_locked():
@@ -287,10 +327,11 @@ class Precompiler:
             for config in configs:
                 key = (problem, config_key(config))
                 if key in self._futures:
+                    self._queue.raise_to(self._futures[key], priority)
                     continue
                 self._tids += 1
                 task = _Task(self._tids, key, (kernel, dict(shape), problem, skel,
-                                               dict(config)), hang)
+                                               dict(config)), hang, priority)
                 self._futures[key] = task
                 self._queue.append(task)
                 self.submitted += 1

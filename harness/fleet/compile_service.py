@@ -47,7 +47,9 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, WorkerCrashedError
 
 from harness.fleet.compile import (
+    AHEAD,
     ANSWER_GRACE_S,
+    BACKGROUND,
     COMPILE_TIMEOUT_RATIO,
     COMPILE_TIMEOUT_S,
     Key,
@@ -190,10 +192,13 @@ class _Service:
         return client
 
     def submit(self, problem: str, kernel: str, shape: Mapping[str, int], skel: Any,
-               configs: Sequence[Mapping[str, Any]], client_id: str | None = None) -> None:
-        """Compile ``configs`` of ``problem`` (each once per node); ``client_id``: the
+               configs: Sequence[Mapping[str, Any]], client_id: str | None = None,
+               priority: int = AHEAD) -> None:
+        """Compile ``configs`` of ``problem`` (each once per node) at ``priority``
+        (``harness.fleet.compile.URGENT``: a worker has queued them); ``client_id``: the
         worker's client that ``outcomes`` answers about them."""
         now: list[tuple[Key, Mapping[str, Any]]] = []
+        again: list[tuple[Key, Mapping[str, Any]]] = []
         with self._cv:
             self._last = time.monotonic()
             cid = client_id or ""
@@ -209,6 +214,8 @@ class _Service:
                         self._interest.setdefault(key, set()).add(cid)
                 if key in self._watched or key in self._outcomes:
                     self.stats["deduplicated"] += 1
+                    if key in self._watched:
+                        again.append((key, config))  # queued: maybe more urgent now
                     continue
                 self._watched.add(key)
                 group = _group(problem, config)
@@ -217,21 +224,25 @@ class _Service:
                     now.append((key, config))
                 else:  # its twin at another shape is compiling: after it, from the cache
                     self._parked.setdefault(group, []).append((key, kernel, dict(shape), skel,
-                                                               config))
+                                                               config, priority))
                     self.stats["parked"] += 1
             if client is not None and client.ready:
                 self._cv.notify_all()
         for key, config in now:
-            self._start(key, kernel, shape, skel, config)
+            self._start(key, kernel, shape, skel, config, priority)
+        # Queued in the pool (not parked behind a twin): moved up where more urgent now.
+        again = [c for _, c in again if self.pre.pending(problem, c) is not None]
+        if again and priority < AHEAD and self.pre.processes:
+            self.pre.submit(problem, kernel, shape, skel, again, priority)
 
     def _start(self, key: Key, kernel: str, shape: Mapping[str, int], skel: Any,
-               config: Mapping[str, Any]) -> None:
+               config: Mapping[str, Any], priority: int = AHEAD) -> None:
         if not self.pre.processes:
             self._done(key, config, {"ok": False, "reason": "no compile processes here"})
             return
         problem = key[0]
         lost = faults.active("compile_lost")
-        self.pre.submit(problem, kernel, shape, skel, [config])
+        self.pre.submit(problem, kernel, shape, skel, [config], priority)
         fut = self.pre.pending(problem, config)
         if fut is None:  # the pool is broken: the worker compiles on first launch
             self._done(key, config, {"ok": False, "reason": "compile service unavailable"})
@@ -267,8 +278,8 @@ class _Service:
         with self._cv:
             groups = [g for g, k in self._first.items() if k == key and g in self._parked]
             parked = [p for g in groups for p in self._parked.pop(g)]
-        for p_key, kernel, shape, skel, p_config in parked:
-            self._start(p_key, kernel, shape, skel, p_config)
+        for p_key, kernel, shape, skel, p_config, priority in parked:
+            self._start(p_key, kernel, shape, skel, p_config, priority)
 
     def prebuild(self, kernel: str, shape: Mapping[str, int], dtype: str, seed: int) -> None:
         """Build a problem's torch.compile baseline in a compile child (``PREBUILD``):
@@ -283,7 +294,7 @@ class _Service:
                 return
             self._watched.add(key)
             self.stats["prebuilds"] = self.stats.get("prebuilds", 0) + 1
-        self._start(key, kernel, shape, None, config)
+        self._start(key, kernel, shape, None, config, BACKGROUND)
 
     def _finished(self, key: Key, config: Mapping[str, Any], fut: Future,
                   lost: bool = False) -> None:
@@ -306,12 +317,12 @@ class _Service:
                 return
             self._warm.add(group)
             parked = self._parked.pop(group, [])
-        for p_key, kernel, shape, skel, p_config in parked:
+        for p_key, kernel, shape, skel, p_config, priority in parked:
             if out.get("timeout"):
                 self._done(p_key, p_config, {**out, "reason": out["reason"] + (
                     "; the same config at another shape, not compiled again")})
             else:
-                self._start(p_key, kernel, shape, skel, p_config)
+                self._start(p_key, kernel, shape, skel, p_config, priority)
 
     def _record(self, key: Key, out: dict[str, Any]) -> None:
         with self._cv:
@@ -533,8 +544,8 @@ class NodeCompiler:
                 f"answer for this config within {now - self._sent.get(key, now):.0f} s"}
 
     def submit(self, problem: str, kernel: str, shape: Mapping[str, int], skel: Any,
-               configs: Sequence[Mapping[str, Any]]) -> None:
-        fresh, now = [], time.monotonic()
+               configs: Sequence[Mapping[str, Any]], priority: int = AHEAD) -> None:
+        fresh, now, again = [], time.monotonic(), []
         with self._lock:
             if self._lost:
                 return
@@ -546,6 +557,15 @@ class NodeCompiler:
                     self._futures[key] = Future()
                     self._sent[key] = now
                     fresh.append((key, full))
+                elif priority < AHEAD and not self._futures[key].done() \
+                        and key not in self._began:
+                    again.append((key, full))  # known before, queued for a trial now
+        if again and not fresh and not silent:
+            try:  # the service moves them up its queue
+                self.service.submit.remote(problem, kernel, dict(shape), skel,
+                                           [full for _, full in again], self._id, priority)
+            except Exception:  # a lost service is found out by the polling thread
+                pass
         if not fresh:
             return
         self.submitted += len(fresh)
@@ -561,7 +581,8 @@ class NodeCompiler:
             return
         try:
             self.service.submit.remote(problem, kernel, dict(shape), skel,
-                                       [full for _, full in fresh], self._id)
+                                       [full for _, full in fresh + again], self._id,
+                                       priority)
         except Exception as exc:  # an actor handle that cannot call any more
             self._give_up(f"compile service lost: {type(exc).__name__}")
             return

@@ -23,7 +23,9 @@ import ray
 
 from harness.fleet.cluster import normal_priority
 from harness.fleet.compile import (
+    AHEAD,
     PRECOMPILE_WAIT_S,
+    URGENT,
     gpu_device_nodes,
     pin_triton_cache_dir,
     precompile_enabled,
@@ -180,7 +182,7 @@ class Worker:
 
             fam = kernel_api.get(kernel)
             self._problem_loaded(kernel, fam, shape, dtype, seed, None)
-            self._hint(kernel, shape, dtype, seed, configs)
+            self._hint(kernel, shape, dtype, seed, configs, priority=AHEAD)
         except Exception as exc:
             log.warning("preparing the first problem failed: %s", exc)
 
@@ -478,7 +480,8 @@ class Worker:
                 self._skeletons[problem] = skel  # None: tried; the measurement builds it
                 stashed = self._stash.pop(problem, []) if skel is not None else []
             if skel is not None and stashed:
-                self.pre.submit(problem, kernel, shape, skel, stashed)  # type: ignore[union-attr]
+                self.pre.submit(problem, kernel, shape, skel, stashed,  # type: ignore[union-attr]
+                                URGENT)
             return True
         return False
 
@@ -656,9 +659,11 @@ class Worker:
                 pass
 
     # -- compiling ahead ------------------------------------------------------------------
-    def _hint(self, kernel: str, shape: dict, dtype: str, seed: int, configs: list) -> None:
+    def _hint(self, kernel: str, shape: dict, dtype: str, seed: int, configs: list,
+              priority: int = URGENT) -> None:
         """Start compiling ``configs`` now if their problem's inputs are known, else as
-        soon as the task loop has built them."""
+        soon as the task loop has built them. ``priority``: ``URGENT`` for configs queued
+        on this worker (the stashed ones are), ``AHEAD`` for those known to come."""
         from harness.kernel import api as kernel_api
 
         if not kernel_api.get(kernel).compiles_ahead:
@@ -669,7 +674,8 @@ class Worker:
             if skel is None:
                 self._stash.setdefault(problem, []).extend(configs)
                 return
-        self.pre.submit(problem, kernel, shape, skel, configs)  # type: ignore[union-attr]
+        self.pre.submit(problem, kernel, shape, skel, configs,  # type: ignore[union-attr]
+                        priority)
 
     def _problem_loaded(self, kernel: str, fam: Any, shape: dict, dtype: str, seed: int,
                         config: dict | None) -> dict[str, Any] | None:
@@ -692,7 +698,7 @@ class Worker:
             skel = self._skeletons[problem]
             stashed = self._stash.pop(problem, [])
         if stashed:
-            self.pre.submit(problem, kernel, shape, skel, stashed)
+            self.pre.submit(problem, kernel, shape, skel, stashed, URGENT)
         if config is None:
             return None
         out = self.pre.wait(problem, config)
