@@ -6,6 +6,13 @@
 #   OUT=<folder> bash benchmarks/retune_packs.sh            # every pack experiment
 #   OUT=<folder> bash benchmarks/retune_packs.sh configs/zoo/silu.yaml ...   # some of them
 #   OUT=<folder> bash benchmarks/retune_packs.sh --serial [...]   # one run per experiment
+#   LIMIT_S=540 WORK=/tmp/rt-work OUT=<folder> bash benchmarks/retune_packs.sh   # bounded
+#   RESUME=1 LIMIT_S=540 WORK=/tmp/rt-work OUT=<folder> bash benchmarks/retune_packs.sh
+#
+# LIMIT_S stops the campaign with SIGTERM after that many seconds (a machine lent for a
+# limited time): the experiments that finished have written their packs, which are copied
+# out as after a full run, and RESUME=1 with the same WORK goes on with the others
+# (`kharness run ... --resume`).
 #
 # The experiments run as ONE campaign (`kharness run A.yaml B.yaml ...`): one Ray, one set
 # of GPU workers and one compile service per node for all their studies, spread over every
@@ -23,8 +30,12 @@ set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/retune}"
 PY="${PYTHON:-python3}"
-WORK="$(mktemp -d /tmp/retune-XXXX)"
-mkdir -p "$OUT"
+WORK="${WORK:-$(mktemp -d /tmp/retune-XXXX)}"
+mkdir -p "$OUT" "$WORK"
+LIMIT=()
+[ -n "${LIMIT_S:-}" ] && LIMIT=(timeout -s TERM -k 120 "$LIMIT_S")
+START=--fresh
+[ "${RESUME:-0}" = "1" ] && START=--resume
 
 SERIAL=0
 if [ "${1:-}" = "--serial" ]; then
@@ -57,8 +68,10 @@ print('triton', triton.__version__, 'torch', torch.__version__)"; \
   > "$OUT/device.txt" 2>&1
 
 GPU="$("$PY" -c "from harness.measure.hardware import current_device; print(current_device().key)")"
-mkdir -p "$WORK/packs"
-cp -r "$ROOT/harness/packs/shipped/$GPU" "$WORK/packs/" 2>/dev/null || mkdir -p "$WORK/packs/$GPU"
+if [ "$START" = --fresh ] || [ ! -d "$WORK/packs/$GPU" ]; then
+  mkdir -p "$WORK/packs"
+  cp -r "$ROOT/harness/packs/shipped/$GPU" "$WORK/packs/" 2>/dev/null || mkdir -p "$WORK/packs/$GPU"
+fi
 
 SETS=(--set "output.packs_dir=$WORK/packs" --set "output.runs_dir=$WORK/runs"
       --set "tracking.uri=sqlite:///$WORK/mlflow.db")
@@ -68,7 +81,7 @@ if [ "$SERIAL" -eq 1 ]; then
   for exp in "${PATHS[@]}"; do
     name="$(basename "$exp" .yaml)"
     t0=$(date +%s)
-    (cd "$WORK" && "$PY" -m harness run "$exp" --fresh --json "${SETS[@]}" \
+    (cd "$WORK" && "${LIMIT[@]}" "$PY" -m harness run "$exp" "$START" --json "${SETS[@]}" \
        > "$OUT/$name.json" 2> "$OUT/$name.log")
     rc=$?
     echo "$exp: exit $rc, $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
@@ -77,7 +90,7 @@ if [ "$SERIAL" -eq 1 ]; then
   status=$failed
   mode="serial, ${#PATHS[@]} runs"
 else
-  (cd "$WORK" && "$PY" -m harness run "${PATHS[@]}" --fresh --json "${SETS[@]}" \
+  (cd "$WORK" && "${LIMIT[@]}" "$PY" -m harness run "${PATHS[@]}" "$START" --json "${SETS[@]}" \
      > "$OUT/campaign.json" 2> "$OUT/campaign.log")
   status=$?
   mode="one campaign"
@@ -85,8 +98,14 @@ fi
 echo "retune ($mode): ${#PATHS[@]} experiments, exit $status, $(( $(date +%s) - t_all )) s" \
   | tee -a "$OUT/summary.txt"
 
-mkdir -p "$OUT/packs"
+mkdir -p "$OUT/packs" "$OUT/runs"
 cp -r "$WORK/packs/$GPU" "$OUT/packs/"
+# Each experiment's Optuna storage and state (kilobytes): what its trials measured.
+for d in "$WORK"/runs/*/; do
+  name="$(basename "$d")"
+  mkdir -p "$OUT/runs/$name"
+  cp "$d"state.json "$d"optuna.db "$OUT/runs/$name/" 2>/dev/null
+done
 echo "new packs: $OUT/packs/$GPU; install them with"
 echo "  cp $OUT/packs/$GPU/*.json harness/packs/shipped/$GPU/ && kharness bench --out benchmarks/results" \
      "&& python benchmarks/render_readme.py"
