@@ -33,7 +33,7 @@ from harness.run import members as mem
 from harness.run.members import Member
 from harness.run.results import Summary, account, logger_stats
 from harness.tracking.run_logging import Logs, RemoteTracker
-from harness.tracking.tracker import Tracker
+from harness.tracking.tracker import Tracker, tracking_uri
 
 __all__ = ["Summary", "execute", "run"]
 
@@ -286,9 +286,14 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     remote = (not isinstance(trackers_f, Future) and procs
               and all(loggers[m.name] is not None for m in active))
     if remote:
-        trackers: dict[str, Any] = {
-            m.name: RemoteTracker(loggers[m.name][0], m.exp.tracking.uri)  # type: ignore[index]
-            for m in active}
+        # One store opened at once per URI: a campaign's experiments share one.
+        opening: set[str] = set()
+        trackers: dict[str, Any] = {}
+        for m in active:
+            uri = tracking_uri(m.exp.tracking.uri)
+            trackers[m.name] = RemoteTracker(loggers[m.name][0], uri,  # type: ignore[index]
+                                             open_now=uri not in opening)
+            opening.add(uri)
     else:
         trackers = trackers_f.result() if isinstance(trackers_f, Future) else trackers_f()
     # The search's MLflow logger starts (its own process: seconds) while the workers do.

@@ -78,13 +78,15 @@ class RemoteTracker:
     2x H200 host) was the last thing before the first trial. The methods the run calls
     of ``Tracker``, each answered in order after what was sent to the logger before."""
 
-    def __init__(self, actor: Any, uri: str | None) -> None:
-        """Created once the run's files passed their checks: the logger opens the store
-        now (a new SQLite store's tables: seconds), while the workers start, not at the
-        first run it is asked for."""
+    def __init__(self, actor: Any, uri: str | None, open_now: bool = True) -> None:
+        """Created once the run's files passed their checks. ``open_now``: the logger
+        opens the store now (a new SQLite store's tables: seconds), while the workers
+        start, not at the first run it is asked for; False for all but one tracker of a
+        store (two processes creating one SQLite store's tables at once collide)."""
         self.actor = actor
         self.uri = tracking_uri(uri)
-        self.actor.open.remote()  # answered in order before the calls below; never raises
+        if open_now:
+            self.actor.open.remote()  # answered in order before the calls below; never raises
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
