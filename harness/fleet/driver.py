@@ -269,15 +269,19 @@ class Fleet(Workers):
 
     def _running(self, slot: _Slot) -> tuple[int, float | None]:
         """Which of ``slot``'s queued tasks its worker is running and for how long (the
-        oldest, for ever, where the worker does not answer: a hang may hold the whole
-        process); None: it runs none of them, it waits for their compiles."""
+        oldest, for ever, where the worker does not answer, a hang may hold the whole
+        process, or where it holds none of them: a result was lost); None: it runs none
+        and holds some, waiting for their compiles."""
         try:
             state = ray.get(slot.actor.running.remote(), timeout=5)
         except Exception:
             return 0, math.inf
         idx = next((i for i, (t, _) in enumerate(slot.queue) if t.seq == state["seq"]), None)
         if state["busy_s"] is None:
-            return 0, None
+            queued = set(state.get("queued", ()))
+            if any(t.seq in queued for t, _ in slot.queue):
+                return 0, None  # it holds tasks of ours, their compiles not done
+            return 0, math.inf  # it holds none of those we wait for: a result was lost
         return idx or 0, state["busy_s"]
 
     def _drain(self, done: list) -> None:

@@ -278,11 +278,12 @@ class Worker:
     @ray.method(concurrency_group="control")
     def running(self) -> dict[str, Any]:
         """The task the loop runs now (or ran last), the one a hang is blamed on, and for
-        how long it has run (``busy_s``; None: the loop runs none, it waits for a task or
-        for the compiles of those queued, which is no hang)."""
+        how long it has run (``busy_s``; None: the loop runs none), and the tasks queued
+        here not run yet (``queued``: while it runs none, it waits for their compiles,
+        which is no hang)."""
         with self._cv:
             busy_s = time.monotonic() - self._busy_since if self._busy else None
-            return {"seq": self._seq, "busy_s": busy_s}
+            return {"seq": self._seq, "busy_s": busy_s, "queued": sorted(self._tasks)}
 
     # -- kept workers: leased by one run at a time ----------------------------------------
     #: A lessee silent this long (no task sent, no heartbeat) is taken for dead.
