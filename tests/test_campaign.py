@@ -322,6 +322,7 @@ def test_a_campaign_runs_on_one_fleet_and_resumes_each_experiment(tmp_path, caps
         (pack,) = e["packs"]
         assert Path(pack).resolve().is_relative_to((tmp_path / f"packs_{name}").resolve())
         assert e["rows"][0]["counts"]["measured"] == 2 and len(_trials(name)) == 2
+        assert e["timeline_s"]["packs_frozen"] >= e["timeline_s"]["studies_done"]
         state = json.loads(Path(f"runs/{name}/state.json").read_text())
         assert state["parent_run_id"] == e["mlflow_parent_run_id"]
         parent = client.get_run(e["mlflow_parent_run_id"])

@@ -223,3 +223,4 @@ def test_a_stopped_campaign_keeps_the_packs_of_its_finished_experiments(
     assert partial["stopped"] == "SIGTERM"
     quick_summary = next(e for e in partial["experiments"] if e["name"] == "quick")
     assert quick_summary["packs"] == [str(pack)]
+    assert quick_summary["timeline_s"]["packs_frozen"] < partial["wall_s"]

@@ -374,7 +374,9 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     for m in active:
         if m.summary is not summary:  # a campaign's experiment: its own steps
             m.summary.fleet = {"studies": _study_times(m.studies, summary.t0)}
-            m.summary.timeline = _own_timeline(m, sched.began.get(m.name), summary.t0)
+            frozen = {k: v for k, v in m.summary.timeline.items() if k == "packs_frozen"}
+            m.summary.timeline = {**_own_timeline(m, sched.began.get(m.name), summary.t0),
+                                  **frozen}  # its packs, where written as it finished
         mem.freeze_packs(m)
         m.summary.rows = [freeze.row(st) for st in m.studies]
     summary.mark("packs_frozen")
