@@ -138,16 +138,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         return 1
     except KeyboardInterrupt:
         signum = _STOPPED_BY.get("signum", signal.SIGINT)
+        stopped = signal.Signals(signum).name
         files = " ".join(args.experiments)
-        console.print(f"[bold yellow]stopped ({signal.Signals(signum).name})[/]: the trials "
+        console.print(f"[bold yellow]stopped ({stopped})[/]: the trials "
                       "measured so far are kept in each experiment's Optuna storage; "
                       f"`kharness run {escape(files)} --resume` goes on from them",
                       highlight=False)
-        stopped = signal.Signals(signum).name
         if args.json and campaign:  # how far it got, for whoever stopped it
             for s in [result.fleet, *(e.summary for e in result.experiments)]:
                 s.wall_s = time.monotonic() - s.t0
-                _redact(s)
+            _redact_campaign(result)
             print(jsonsafe.dumps({**campaign_json(result), "stopped": stopped}, default=str,
                                  indent=1))
         elif args.json:
@@ -168,9 +168,7 @@ def _campaign_done(args: argparse.Namespace, result: Any, console: Console) -> i
     """A campaign's summary (each experiment's, then the fleet's) and its exit code: no
     hardware where an experiment was skipped for lack of it, else not tuned where a
     study froze nothing."""
-    for entry in result.experiments:
-        _redact(entry.summary)
-    _redact(result.fleet)
+    _redact_campaign(result)
     if args.json:
         print(jsonsafe.dumps(campaign_json(result), default=str, indent=1))
     else:
@@ -188,6 +186,13 @@ def _print_json(summary: Any, **extra: Any) -> None:
     """The run's ``--json`` object on stdout, redacted (``extra``: more of its keys)."""
     _redact(summary)
     print(jsonsafe.dumps({**summary_json(summary), **extra}, default=str, indent=1))
+
+
+def _redact_campaign(result: Any) -> None:
+    """Each experiment's summary and the fleet's, redacted."""
+    for entry in result.experiments:
+        _redact(entry.summary)
+    _redact(result.fleet)
 
 
 def _redact(summary: Any) -> None:
