@@ -560,13 +560,7 @@ class NodeCompiler:
                 elif priority < AHEAD and not self._futures[key].done() \
                         and key not in self._began:
                     again.append((key, full))  # known before, queued for a trial now
-        if again and not fresh and not silent:
-            try:  # the service moves them up its queue
-                self.service.submit.remote(problem, kernel, dict(shape), skel,
-                                           [full for _, full in again], self._id, priority)
-            except Exception:  # a lost service is found out by the polling thread
-                pass
-        if not fresh:
+        if not fresh and not (again and not silent):
             return
         self.submitted += len(fresh)
         if silent:  # not sent: compiled in the worker until the service answers again
@@ -579,7 +573,7 @@ class NodeCompiler:
                     _settle(fut, why)
             self._wake.set()  # the thread keeps asking whether it answers again
             return
-        try:
+        try:  # ``again``: known before, the service moves them up its queue
             self.service.submit.remote(problem, kernel, dict(shape), skel,
                                        [full for _, full in fresh + again], self._id,
                                        priority)
