@@ -100,11 +100,15 @@ echo "retune ($mode): ${#PATHS[@]} experiments, exit $status, $(( $(date +%s) - 
 
 mkdir -p "$OUT/packs" "$OUT/runs"
 cp -r "$WORK/packs/$GPU" "$OUT/packs/"
-# Each experiment's Optuna storage and state (kilobytes): what its trials measured.
+# Each experiment's Optuna storage and state (kilobytes): what its trials measured. The
+# storage through SQLite's backup: a plain copy leaves out what is still in its -wal file.
 for d in "$WORK"/runs/*/; do
   name="$(basename "$d")"
   mkdir -p "$OUT/runs/$name"
-  cp "$d"state.json "$d"optuna.db "$OUT/runs/$name/" 2>/dev/null
+  cp "$d"state.json "$OUT/runs/$name/" 2>/dev/null
+  [ -f "$d"optuna.db ] && "$PY" -c "import sqlite3, sys
+src, dst = sqlite3.connect(sys.argv[1]), sqlite3.connect(sys.argv[2])
+src.backup(dst)" "$d"optuna.db "$OUT/runs/$name/optuna.db"
 done
 echo "new packs: $OUT/packs/$GPU; install them with"
 echo "  cp $OUT/packs/$GPU/*.json harness/packs/shipped/$GPU/ && kharness bench --out benchmarks/results" \

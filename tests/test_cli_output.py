@@ -200,10 +200,19 @@ def test_baselines_come_after_the_search_in_its_final_rounds(tmp_path):
                                 shapes=[{"M": 256, "N": 256, "K": 256}],
                                 search={"remeasure_rounds": 2})
     gpu = spec_for_key("H100")
-    assert run.want_compile(exp, gpu) is True
-    assert run.want_compile(exp, dataclasses.replace(gpu, interpreted=True)) is False
+    from harness.kernel.registry import get as get_kernel
+
+    mm, scan = get_kernel("matmul"), get_kernel("selective_scan")
+    assert run.want_compile(exp, gpu, mm) is True
+    assert run.want_compile(exp, dataclasses.replace(gpu, interpreted=True), mm) is False
     off = exp.model_copy(update={"baselines": experiment.BaselineSettings(compile=False)})
-    assert run.want_compile(off, gpu) is False
+    assert run.want_compile(off, gpu, mm) is False
+    # A family whose eager code torch.compile cannot build in minutes: left out unless
+    # the experiment asks for it.
+    assert scan.no_compile_baseline
+    assert run.want_compile(exp, gpu, scan) is False
+    on = exp.model_copy(update={"baselines": experiment.BaselineSettings(compile=True)})
+    assert run.want_compile(on, gpu, scan) is True
     (study,) = experiment.ExperimentPlan.checked("x.yaml", exp).for_hardware(["H100"]).studies
     assert study.device == gpu
     attrs: dict = {}
@@ -236,6 +245,43 @@ def test_baselines_come_after_the_search_in_its_final_rounds(tmp_path):
     _, metrics = freeze.outcome(st)
     assert metrics["speedup_vs_compile"] == 2.0 and metrics["compile_latency_ms"] == 2.0
     assert metrics["speedup_vs_eager"] == 4.0 and metrics["speedup_vs_default"] == 1.5
+
+
+def test_a_baseline_that_fails_a_round_is_not_timed_again():
+    """A torch.compile that hangs costs a worker and a trial time-out: its later rounds
+    are not sent, and the study's final phase still ends, the baseline a failure."""
+    from types import SimpleNamespace
+
+    from harness import experiment
+    from harness.measure.timing import TrialResult
+    from harness.run import schedule
+
+    exp = experiment.Experiment(name="x", kernel="matmul",
+                                shapes=[{"M": 256, "N": 256, "K": 256}],
+                                search={"remeasure_rounds": 3})
+    (study,) = experiment.ExperimentPlan.checked("x.yaml", exp).for_hardware(["H100"]).studies
+    top = [({"BLOCK_M": 64}, {"latency_ms": 1.0}),
+           ({"BLOCK_M": 128, "BLOCK_N": 64}, {"latency_ms": 1.1})]
+    search = SimpleNamespace(best=lambda: top[0], space={"BLOCK_M": [64, 128]},
+                             top=lambda k: top[:k], set_attr=lambda *a: None,
+                             require_accuracy=lambda r: r)
+    st = schedule.StudyState(study, search, "r", {}, want_compile=True)
+    schedule.start_remeasure(exp, st)
+    done: list = []
+    sched = schedule.Scheduler([exp], None, [st], on_result=lambda t, r: None,
+                               on_done=done.append)
+    sent = 0
+    while st.remeasure_todo:
+        task = st.remeasure_todo.pop(0)
+        sent += 1
+        hang = task.tag[0] == "baseline" and task.tag[2] == "compile"
+        sched._result(task, TrialResult(ok=False, reason="timeout: no result after 120 s")
+                      if hang else TrialResult(ok=True, latency_ms=1.0))
+    n = len(st.candidates)
+    assert sent == 3 * (n + 2) - 2  # the compile baseline's rounds 1 and 2 never went
+    assert done == [st] and st.phase == "done" and st.remeasure_left == 0
+    assert st.compiled["ok"] is False and "timeout" in st.compiled["reason"]
+    assert st.eager["rounds"] == 3
 
 
 def test_set_overrides_reach_the_run(fake_run, capsys):

@@ -136,17 +136,20 @@ def test_runs_join_the_head_with_or_without_ray_address_and_keep_workers(
     RAY_ADDRESS, `kharness run` joins the Ray a user started on this machine with
     `ray start` (as a bare ray.init() would). Either way it treats it as what it is, a
     cluster that outlives the run: fleet.keep_workers_s holds, and the second run leases
-    the first run's worker."""
+    the first run's worker and takes the MLflow logger process it left."""
     exp = {
         "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}], "dtypes": ["fp16"],
         "search": {"sampler": "grid", "trials": 1},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-        "fleet": {"compile_workers": 0, "keep_workers_s": 60},
+        "fleet": {"compile_workers": 0, "keep_workers_s": 60, "bookkeeping": "processes"},
     }
     by_address = {**{k: v for k, v in head.env.items() if k != "RAY_AUTH_MODE"},
                   "RAY_ADDRESS": head.gcs}
-    this_machine = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}
+    # A user's shell: neither RAY_ADDRESS nor RAY_AUTH_MODE (Ray sends the token it finds
+    # on disk only to an address it found itself).
+    this_machine = {k: v for k, v in head.env.items()
+                    if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     summaries = []
     for name, env in (("kept1", by_address), ("kept2", this_machine)):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({**exp, "name": name}))
@@ -160,6 +163,7 @@ def test_runs_join_the_head_with_or_without_ray_address_and_keep_workers(
         summaries.append(json.loads(proc.stdout))
     assert [s["rows"][0]["counts"]["measured"] for s in summaries] == [1, 1]
     assert [s["workers_reused"] for s in summaries] == [0, 1]
+    assert [s["mlflow_logger"].get("spare") for s in summaries] == [None, 1]
 
 
 def test_run_starts_its_own_ray_when_the_last_ray_start_is_dead(tmp_path: Path) -> None:

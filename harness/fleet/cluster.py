@@ -40,7 +40,7 @@ class NoHardwareError(RuntimeError):
 
 
 class RayStartError(RuntimeError):
-    """The run's own Ray did not come up (twice)."""
+    """The run's own Ray did not come up (twice), or the one to join refused it."""
 
 
 def check_placement(expected: str, ray_name: str | None, info: Mapping[str, Any]) -> None:
@@ -77,6 +77,28 @@ def normal_priority() -> int:
         return os.getpriority(os.PRIO_PROCESS, 0)
     except OSError:
         return 0
+
+
+def _join_local(address: str, kw: dict[str, Any]) -> None:
+    """Join the Ray this machine's last `ray start` left, with its token: Ray sends the
+    token it finds on disk only where its own search found the address (a bare
+    ``ray.init()``), not for an address given, which a token-auth head refuses (measured:
+    20 s of retries, then ConnectionError)."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    except (ImportError, AttributeError):  # a Ray without token auth, or moved
+        pass
+    try:
+        ray.init(address=address, **kw)
+    except ConnectionError as exc:
+        raise RayStartError(
+            f"could not join the Ray at {address} that this machine's last `ray start` "
+            f"left ({exc}); `ray stop` ends it, or set RAY_ADDRESS (and its token, "
+            "RAY_AUTH_TOKEN) to the cluster to use") from None
 
 
 def _answers(address: str, timeout_s: float = 2.0) -> bool:
@@ -430,7 +452,7 @@ class Cluster:
         if running:
             # Joined rather than a second Ray over the same GPUs; it outlives this run, so
             # it keeps workers and is not stopped.
-            ray.init(address=running, **kw)
+            _join_local(running, kw)
             return running
         # Ray starts a Python worker per core up front; the harness needs one per GPU, and
         # on a 16-core box those imports slow the start and the compile children.

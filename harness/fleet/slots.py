@@ -24,10 +24,11 @@ from harness.fleet.compile import COMPILE_TIMEOUT_RATIO, COMPILE_TIMEOUT_S
 from harness.fleet.compile_service import plan_processes, start_services
 from harness.fleet.worker import Worker
 from harness.run import faults
+from harness.tracking import spares
 
 log = logging.getLogger(__name__)
 
-KEPT_NS = "kharness"
+KEPT_NS = spares.NAMESPACE  # kept workers and spare loggers: one namespace
 KEPT_PREFIX = "kharness-worker-"
 
 _LOST = (RayActorError, WorkerCrashedError)

@@ -218,6 +218,11 @@ class Kernel(ABC):
     shapes: ClassVar[dict[str, dict[str, int]]] = {}
     #: The cases ``kharness bench`` measures, on named shapes of ``shapes``.
     bench: ClassVar[tuple[BenchCase, ...]] = ()
+    #: Why torch.compile of ``eager`` is impractical for this family (it does not finish
+    #: compiling in minutes, say); empty: it is timed. Where set, runs leave out the
+    #: torch.compile baseline unless an experiment asks for it (``baselines.compile``),
+    #: and ``kharness bench`` leaves it out of every case.
+    no_compile_baseline: ClassVar[str] = ""
     #: Whether ``compile_only`` compiles this family's configs (the fleet then compiles
     #: them ahead, in child processes). True where a class defines ``compile_only``.
     compiles_ahead: ClassVar[bool] = False
@@ -268,7 +273,7 @@ class Kernel(ABC):
                 return f"bench case {case}: {case.dtype} is not one of dtypes {cls.dtypes}"
             if case.max_autotune and not case.compile:
                 return f"bench case {case}: max_autotune needs compile"
-            if not case.compile and not case.why:
+            if not case.compile and not (case.why or cls.no_compile_baseline):
                 return f"bench case {case}: compile=False says why"
         return None
 

@@ -60,12 +60,13 @@ def load_cases(path: str | Path | None = None, only: list[str] | None = None) ->
     first); or those of a cases YAML (``cases: [{kernel, shape, dtype, compile,
     max_autotune}]``) where ``path`` names one."""
     if path is None:
-        cases = [Case(name, c.shape, c.dtype, c.compile, c.max_autotune)
+        cases = [Case(name, c.shape, c.dtype, c.compile and _compiles(name), c.max_autotune)
                  for name in (only or kernel_api.builtin_names())
                  for c in kernel_api.get(name).bench]
         return sorted(cases, key=lambda c: c.max_autotune)
     data = yaml.safe_load(Path(path).read_text()) or {}
-    cases = [Case(c["kernel"], c["shape"], c["dtype"], bool(c.get("compile", True)),
+    cases = [Case(c["kernel"], c["shape"], c["dtype"],
+                  bool(c.get("compile", _compiles(c["kernel"]))),
                   bool(c.get("max_autotune", False)))
              for c in data.get("cases", [])]
     if only:
@@ -96,6 +97,11 @@ def _combine(results: list[TrialResult]) -> TrialResult:
     mid.p80_ms = statistics.median(r.p80_ms for r in results)
     mid.extra["round_ms"] = [r.latency_ms for r in results]
     return mid
+
+
+def _compiles(kernel: str) -> bool:
+    """Whether the family's torch.compile baseline is practical (``no_compile_baseline``)."""
+    return not kernel_api.get(kernel).no_compile_baseline
 
 
 def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,

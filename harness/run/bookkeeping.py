@@ -60,12 +60,15 @@ def trackers_once_valid(checked: Future, members: list[Member]) -> dict[str, Tra
     return {m.name: Tracker(m.exp.tracking.uri, m.mlflow_experiment) for m in members}
 
 
-def start_loggers(m: Member, open_now: bool = True) -> tuple[Any, Any] | None:
+def start_loggers(m: Member, open_now: bool = True,
+                  keep_s: float = 0.0) -> tuple[Any, Any] | None:
     """The MLflow logger processes, started before the run's Tracker exists; None where
-    they cannot be (``Logs`` then logs on a thread). ``open_now``: see ``TrialLogger``."""
+    they cannot be (``Logs`` then logs on a thread). ``open_now``: see ``TrialLogger``;
+    ``keep_s``: a kept fleet's, whose runs leave each other spare loggers."""
     try:
         return run_logging.start_loggers(tracking_uri(m.exp.tracking.uri),
-                                         m.mlflow_experiment, open_now=open_now)
+                                         m.mlflow_experiment, open_now=open_now,
+                                         keep_s=keep_s)
     except Exception as exc:
         log.warning("MLflow logger processes unavailable (%s)", exc)
         return None

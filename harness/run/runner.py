@@ -123,7 +123,9 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
             if trackers_f is None:
                 # The logger processes import MLflow while the checks run; they open the
                 # store once first used: nothing is written before every file passed.
-                early = {m.name: bk.start_loggers(m, open_now=False) for m in members}
+                kept = pre_fs.keep_workers_s if where != "local" else 0.0
+                early = {m.name: bk.start_loggers(m, open_now=False, keep_s=kept)
+                         for m in members}
         finally:
             error = checked.exception()
     except BaseException:
@@ -278,7 +280,8 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     planned_f.set_result(procs)
     # The logger processes start now, beside the workers: ready when the first trials are.
     active = [m for m in members if not m.skipped]
-    loggers = {m.name: (early.get(m.name) or bk.start_loggers(m)) if procs else None
+    loggers = {m.name: (early.get(m.name) or bk.start_loggers(m, keep_s=fleet.keep_s))
+               if procs else None
                for m in active}
     bk.kill_loggers(pair for name, pair in early.items() if loggers.get(name) is not pair)
     # Where the logger processes run, the driver's runs are theirs too: MLflow is set up
@@ -509,7 +512,7 @@ def _head_start_once_valid(checked: Future, members: list[Member], head: HeadSta
             head.close()
             return
         head.submit(first, schedule.known_configs(first),
-                    prebuild=mem.want_compile(owner.exp, first.device))
+                    prebuild=mem.want_compile(owner.exp, first.device, first.family))
     except Exception as exc:  # only a head start: the fleet compiles them as usual
         log.warning("the head start of the first compiles failed: %s", exc)
         head.close()

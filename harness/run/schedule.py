@@ -454,6 +454,8 @@ class Scheduler:
                 cand.add(result.latency_ms, round_, result.to_dict())
             else:
                 cand.failures.append(result.reason)
+                if kind == "baseline":
+                    self._drop_rounds(st, i)
             st.remeasure_left -= 1
             if st.remeasure_left <= 0:
                 self._finish(st)
@@ -463,6 +465,16 @@ class Scheduler:
             self.times["last_trial"] = time.monotonic()
         self.on_result(task, result)
         self._advance(st)
+
+    @staticmethod
+    def _drop_rounds(st: StudyState, name: str) -> None:
+        """A baseline failed a round: its later rounds are not sent. Its failure is an
+        error that repeats, or a hang that would cost a worker and a trial time-out per
+        round (a torch.compile that never finishes) and hold the study's GPU meanwhile."""
+        keep = [t for t in st.remeasure_todo
+                if not (t.tag[0] == "baseline" and t.tag[2] == name)]
+        st.remeasure_left -= len(st.remeasure_todo) - len(keep)
+        st.remeasure_todo = keep
 
     def _finish(self, st: StudyState) -> None:
         """The study's final phase is over: its baselines are known."""

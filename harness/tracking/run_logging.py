@@ -42,6 +42,7 @@ from typing import Any
 import ray
 
 from harness.search import ATTR_RESULT, ATTR_STATUS
+from harness.tracking import spares
 from harness.tracking.tracker import (
     Tracker,
     TrackingError,
@@ -336,14 +337,25 @@ class Logs:
             lane.close()
 
 
-def start_loggers(uri: str, experiment_name: str, open_now: bool = True) -> tuple[Any, Any]:
+def start_loggers(uri: str, experiment_name: str, open_now: bool = True,
+                  keep_s: float = 0.0) -> tuple[Any, Any]:
     """The run's MLflow logger processes (the trials', and the plots' where the driver's
     machine has the cores for a second one): each takes seconds to start and import
-    MLflow, so a run starts them as soon as Ray is up and hands them to ``Logs``."""
+    MLflow, so a run starts them as soon as Ray is up and hands them to ``Logs``. On a
+    kept fleet (``keep_s`` > 0), a spare the previous run left is taken where there is
+    one, and a spare is left for the next run (``spares``)."""
     one = _cores() < SEPARATE_PLOTTER_CORES
-    trials = start_trial_logger(uri, experiment_name, plots=one, open_now=open_now)
-    return trials, (trials if one else start_trial_logger(uri, experiment_name, plots=True,
-                                                          open_now=open_now))
+
+    def logger(plots: bool) -> Any:
+        if keep_s <= 0:
+            return start_trial_logger(uri, experiment_name, plots=plots, open_now=open_now)
+        taken = spares.take(uri, experiment_name, plots, open_now)
+        spares.leave(keep_s, plots)
+        return taken or start_trial_logger(uri, experiment_name, plots=plots,
+                                           open_now=open_now)
+
+    trials = logger(one)
+    return trials, (trials if one else logger(True))
 
 
 def trial_record(st: Any, number: int, config: dict[str, Any],

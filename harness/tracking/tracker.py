@@ -509,12 +509,35 @@ class TrialLogger:
         validated writes nothing until then."""
         self._where = (uri, experiment)
         self._tracker = Tracker(uri, experiment) if open_now else None
+        self._init()
         if not open_now:
             import_mlflow()
-        self._init()
+            self.warm_store()
         if warm_plots:
             self.warm_plots()
         self._stats["ready_at"] = time.monotonic()
+
+    def warm_store(self) -> None:
+        """Open an SQLite store that exists already, on a thread: MLflow's engine and
+        schema check (1-1.5 s) are then done by the first call, which only finds or
+        creates the experiment. Opening an existing store writes nothing."""
+        uri = self._where[0]
+        prefix = "sqlite:///"
+        if not uri.startswith(prefix) or not Path(uri[len(prefix):]).is_file():
+            return
+
+        def warm() -> None:
+            try:
+                from mlflow.tracking import MlflowClient
+
+                if uri.startswith("sqlite:"):
+                    _sqlite_fast_commits()
+                _ = MlflowClient(uri)._tracking_client.store  # MLflow caches it per URI
+            except Exception as exc:  # the first call opens it and reports what fails
+                log.debug("MLflow store not opened ahead: %s", exc)
+
+        self._warming = threading.Thread(target=warm, name="harness-mlflow-warm", daemon=True)
+        self._warming.start()
 
     @classmethod
     def sharing(cls, tracker: Tracker) -> TrialLogger:
@@ -527,10 +550,13 @@ class TrialLogger:
     @property
     def tracker(self) -> Tracker:
         if self._tracker is None:
+            if self._warming is not None:
+                self._warming.join()  # one engine per store: the warm one
             self._tracker = Tracker(*self._where)
         return self._tracker
 
     def _init(self) -> None:
+        self._warming: threading.Thread | None = None  # see ``warm_store``
         self.errors: list[str] = []
         self._history: dict[str, list[tuple[int, Any]]] = {}  # study run -> points
         self._stop = threading.Event()  # set by ``stop``: what a hung call waits for
