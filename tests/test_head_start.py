@@ -75,6 +75,11 @@ def test_a_run_compiles_its_first_configs_before_the_fleet(tmp_path: Path) -> No
     (service,) = out["compile_services"].values()
     assert service["ready"] == service["processes"] >= 1, service
     assert 0 < service["first_ready_s"] <= service["all_ready_s"], service
+    # ... and each child's own steps: when it was forked, its imports (no device here).
+    steps = service["child_start"]
+    assert {"forked_s", "imports_s"} <= set(steps) and "cuda_init_s" not in steps, steps
+    assert 0 <= steps["forked_s"]["median"] <= steps["forked_s"]["max"], steps
+    assert service["spawn_s"] >= 0, service
     (row,) = out["rows"]
     assert row["counts"]["measured"] >= 2 and row["counts"]["failed"] == 0, row["counts"]
 

@@ -255,6 +255,12 @@ class Precompiler:
         self._t_boot = 0.0
         self._ready_s: list[float] = []
         self._first_done_s: float | None = None
+        #: Where the children's start went: the seconds to start them all (with a fork
+        #: server: its preload first), then each child's own steps as it reported them
+        #: (when it was forked, from the first start; its imports, the device opened, the
+        #: warm-up compile).
+        self._spawn_at = self._spawn_s = 0.0
+        self._child_steps: list[dict[str, float]] = []
 
     # -- the pool's life ----------------------------------------------------------------
     def start(self) -> None:
@@ -276,8 +282,10 @@ class Precompiler:
             self._wake_r, self._wake_w = os.pipe()
             os.set_blocking(self._wake_r, False)
             os.set_blocking(self._wake_w, False)
+            self._spawn_at = time.monotonic()
             for _ in range(self.processes):
                 self._children.append(self._spawn())
+            self._spawn_s = time.monotonic() - self._spawn_at
         except Exception as exc:  # tried again on the next submit
             log.warning("compile-ahead unavailable: %s", exc)
             for ch in self._children:
@@ -388,14 +396,23 @@ class Precompiler:
         with self._lock:
             ready = sorted(self._ready_s)
             first_done = self._first_done_s
+            steps = list(self._child_steps)
         n = self.processes
 
         def at(k: int) -> float | None:
             return round(ready[k - 1], 2) if 0 < k <= len(ready) else None
 
+        # Each step's median and slowest child: a step that all children wait on
+        # together (forking, opening the device) shows in both.
+        child_start = {}
+        for key in sorted({k for s in steps for k in s}):
+            vals = sorted(s[key] for s in steps if key in s)
+            child_start[key] = {"median": round(vals[len(vals) // 2], 2),
+                                "max": round(vals[-1], 2)}
         return {"first_ready_s": at(1), "half_ready_s": at((n + 1) // 2),
                 "all_ready_s": at(n), "ready": len(ready),
-                "first_compile_done_s": None if first_done is None else round(first_done, 2)}
+                "first_compile_done_s": None if first_done is None else round(first_done, 2),
+                "spawn_s": round(self._spawn_s, 2), "child_start": child_start}
 
     def close(self) -> None:
         """End the children (a busy one is killed: Triton writes its cache files whole, by
@@ -568,6 +585,12 @@ class Precompiler:
                 self._start_failures = 0
                 if len(self._ready_s) < 4096:
                     self._ready_s.append(now - self._t_boot)
+                    if len(msg) > 3:
+                        steps = dict(msg[3])
+                        # From the first child's start (the pool's timeline begins
+                        # once all are started).
+                        steps["forked_s"] = steps.pop("entered", now) - self._spawn_at
+                        self._child_steps.append(steps)
             elif msg[0] == "done" and ch.task is not None and ch.task.tid == msg[1]:
                 done, ch.task = (ch.task, msg[2]), None
                 self._record_locked(*done)

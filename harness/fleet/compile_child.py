@@ -137,23 +137,29 @@ def _init_child(environ: dict[str, str]) -> None:
         log.warning("compile children keep their priority: %s", exc)
 
 
-def _warm_child() -> int:
-    """Import what compiling needs and open the device, before the first config comes."""
+def _warm_child(steps: dict[str, float]) -> None:
+    """Import what compiling needs and open the device, before the first config comes;
+    the seconds of each step go into ``steps`` (where a child's start-up goes)."""
     import importlib
 
+    t0 = time.perf_counter()
     import torch
 
     for name in ("triton", "harness.kernel.api"):
         importlib.import_module(name)
+    steps["imports_s"] = time.perf_counter() - t0
     if torch.cuda.is_available() and not hardware.interpreted():
+        t0 = time.perf_counter()
         torch.cuda.init()
+        steps["cuda_init_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         try:
             from harness.measure import compile_warmup as _compile_warmup
 
             _compile_warmup.compile_once()
         except Exception as exc:  # only a warm-up: the first config pays instead
             log.warning("compile warm-up failed: %s", exc)
-    return os.getpid()
+        steps["warmup_s"] = time.perf_counter() - t0
 
 
 def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any, config: dict,
@@ -203,14 +209,17 @@ def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any, config:
 def child_main(conn: Any, environ: dict[str, str]) -> None:
     """A compile child: warm up, say so, then compile each config the pool sends until it
     sends None or goes away."""
+    # time.monotonic() is the machine's clock: the pool places the child's start on its
+    # own timeline (how long the fork server took to fork it).
+    steps: dict[str, float] = {"entered": time.monotonic()}
     _init_child(environ)
     signal.signal(signal.SIGALRM, _on_alarm)
     try:
-        _warm_child()
+        _warm_child(steps)
     except Exception as exc:  # the first config meets the error and reports it
         log.warning("compile child warm-up failed: %s", exc)
     try:
-        conn.send(("ready", os.getpid(), os.nice(0)))
+        conn.send(("ready", os.getpid(), os.nice(0), steps))
         while True:
             task = conn.recv()
             if task is None:

@@ -5,14 +5,17 @@ driver's own) and the studies' storages."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import ray
 
 from harness import experiment
+from harness.fleet import code_version
 from harness.fleet.compile import gpu_device_nodes
 from harness.fleet.head_start import starts_own_ray
 from harness.run.members import Member
@@ -68,10 +71,19 @@ def start_loggers(m: Member, open_now: bool = True,
     try:
         return run_logging.start_loggers(tracking_uri(m.exp.tracking.uri),
                                          m.mlflow_experiment, open_now=open_now,
-                                         keep_s=keep_s)
+                                         keep_s=keep_s,
+                                         version=harness_version() if keep_s > 0 else "")
     except Exception as exc:
         log.warning("MLflow logger processes unavailable (%s)", exc)
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def harness_version() -> str:
+    """The harness's code version: a spare logger of other code is not taken."""
+    import harness
+
+    return code_version([Path(harness.__file__).parent])
 
 
 def kill_loggers(pairs: Iterable[tuple[Any, Any] | None]) -> None:

@@ -338,19 +338,20 @@ class Logs:
 
 
 def start_loggers(uri: str, experiment_name: str, open_now: bool = True,
-                  keep_s: float = 0.0) -> tuple[Any, Any]:
+                  keep_s: float = 0.0, version: str = "") -> tuple[Any, Any]:
     """The run's MLflow logger processes (the trials', and the plots' where the driver's
     machine has the cores for a second one): each takes seconds to start and import
     MLflow, so a run starts them as soon as Ray is up and hands them to ``Logs``. On a
     kept fleet (``keep_s`` > 0), a spare the previous run left is taken where there is
-    one, and a spare is left for the next run (``spares``)."""
+    one, and a spare is left for the next run (``spares``), both of the harness's code
+    ``version``."""
     one = _cores() < SEPARATE_PLOTTER_CORES
 
     def logger(plots: bool) -> Any:
         if keep_s <= 0:
             return start_trial_logger(uri, experiment_name, plots=plots, open_now=open_now)
-        taken = spares.take(uri, experiment_name, plots, open_now)
-        spares.leave(keep_s, plots)
+        taken = spares.take(uri, experiment_name, plots, open_now, version)
+        spares.leave(keep_s, plots, version)
         return taken or start_trial_logger(uri, experiment_name, plots=plots,
                                            open_now=open_now)
 

@@ -13,12 +13,10 @@ driver's process; never taken, it leaves after ``keep_s`` seconds.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from harness.run import faults
@@ -86,30 +84,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=1)
-def version() -> str:
-    """The harness's code version: a spare has imported it once."""
-    import harness
-    from harness.fleet.slots import code_version
-
-    return code_version([Path(harness.__file__).parent])
-
-
-def _prefix(plots: bool) -> str:
-    """Spares of this code version and kind on this (the driver's) node."""
+def _prefix(version: str, plots: bool) -> str:
+    """Spares of this code version (a spare has imported its code once) and kind on this
+    (the driver's) node."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    return f"{PREFIX}{version()}-{'plots' if plots else 'trials'}-{node[:12]}-"
+    return f"{PREFIX}{version}-{'plots' if plots else 'trials'}-{node[:12]}-"
 
 
-def take(uri: str, experiment: str, plots: bool, open_now: bool) -> Any | None:
-    """A spare of this code version and kind on this node, claimed for the run's store
-    (``uri``) and ``experiment``; None where there is none to take."""
+def take(uri: str, experiment: str, plots: bool, open_now: bool, version: str) -> Any | None:
+    """A spare of the harness's code ``version`` and this kind on this node, claimed for
+    the run's store (``uri``) and ``experiment``; None where there is none to take."""
     import ray
     from ray.util import list_named_actors
 
-    prefix = _prefix(plots)
+    prefix = _prefix(version, plots)
     try:
         names = [e["name"] for e in list_named_actors(all_namespaces=True)
                  if e.get("namespace") == NAMESPACE and e.get("name", "").startswith(prefix)]
@@ -129,7 +119,7 @@ def take(uri: str, experiment: str, plots: bool, open_now: bool) -> Any | None:
     return None
 
 
-def leave(keep_s: float, plots: bool) -> None:
+def leave(keep_s: float, plots: bool, version: str) -> None:
     """Start a spare of this kind for the next run (in the background: nothing waits
     for it)."""
     import ray
@@ -138,7 +128,7 @@ def leave(keep_s: float, plots: bool) -> None:
     here = ray.get_runtime_context().get_node_id()
     try:
         ray.remote(SpareLogger).options(
-            name=_prefix(plots) + os.urandom(4).hex(), namespace=NAMESPACE,
+            name=_prefix(version, plots) + os.urandom(4).hex(), namespace=NAMESPACE,
             lifetime="detached", num_cpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
             **faults.actor_env()).remote(plots, keep_s)
