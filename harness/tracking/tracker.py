@@ -625,8 +625,7 @@ class TrialLogger:
         """Open the store now (``open_now`` False); the error, if it could not be, which
         the next call that needs the store raises."""
         try:
-            if self._tracker is None:
-                self._tracker = Tracker(*self._where)
+            _ = self.tracker  # after ``warm_store``'s thread, whose store it then uses
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"[:300]
         return None
