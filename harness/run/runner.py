@@ -123,9 +123,12 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
             if trackers_f is None:
                 # The logger processes import MLflow while the checks run; they open the
                 # store once first used: nothing is written before every file passed.
+                # On a kept fleet, the first file's loggers are a spare the last run
+                # left (and leave one for the next): one per run, not per file.
                 kept = pre_fs.keep_workers_s if where != "local" else 0.0
-                early = {m.name: bk.start_loggers(m, open_now=False, keep_s=kept)
-                         for m in members}
+                early = {m.name: bk.start_loggers(m, open_now=False,
+                                                  keep_s=kept if i == 0 else 0.0)
+                         for i, m in enumerate(members)}
         finally:
             error = checked.exception()
     except BaseException:
@@ -280,9 +283,9 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     planned_f.set_result(procs)
     # The logger processes start now, beside the workers: ready when the first trials are.
     active = [m for m in members if not m.skipped]
-    loggers = {m.name: (early.get(m.name) or bk.start_loggers(m, keep_s=fleet.keep_s))
-               if procs else None
-               for m in active}
+    loggers = {m.name: (early.get(m.name) or bk.start_loggers(
+                   m, keep_s=fleet.keep_s if i == 0 else 0.0)) if procs else None
+               for i, m in enumerate(active)}
     bk.kill_loggers(pair for name, pair in early.items() if loggers.get(name) is not pair)
     # Where the logger processes run, the driver's runs are theirs too: MLflow is set up
     # there while the workers start (on a warm fleet: while nothing else is left).
