@@ -29,7 +29,7 @@ def _take(uri: str, experiment: str, deadline_s: float = 90.0):
 
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        actor = spares.take(uri, experiment, plots=False, open_now=False, version=VERSION)
+        actor = spares.take(uri, experiment, plots=False, version=VERSION)
         if actor is not None:
             return actor
         time.sleep(0.5)  # still starting (importing MLflow)
@@ -45,14 +45,14 @@ def test_a_spare_serves_the_run_that_takes_it_and_no_other(faulty_ray: Path,
     from harness.tracking.run_logging import RemoteTracker
 
     uri = f"sqlite:///{mlflow_db}"
-    assert spares.take(uri, "spare-exp", False, False, VERSION) is None  # none yet
+    assert spares.take(uri, "spare-exp", False, VERSION) is None  # none yet
     spares.leave(keep_s=120, plots=False, version=VERSION)
     assert any(n.startswith(spares.PREFIX + VERSION) for n in _names())
     # A run of other code does not take it (it imported this code once).
-    assert spares.take(uri, "spare-exp", False, False, "other-code") is None
+    assert spares.take(uri, "spare-exp", False, "other-code") is None
     actor = _take(uri, "spare-exp")
     try:
-        assert spares.take(uri, "other", False, False, VERSION) is None  # taken
+        assert spares.take(uri, "other", False, VERSION) is None  # taken
         run_id = RemoteTracker(actor, uri).start_run("study", {"kernel": "matmul"})
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name("spare-exp")

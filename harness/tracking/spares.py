@@ -6,9 +6,9 @@ for the next run on the same machine. That run takes it (``take``) instead of st
 one, and leaves another (``leave``).
 
 A spare is a detached Ray actor named ``PREFIX`` + the harness's code version + its
-kind (``trials`` or ``plots``) + a random suffix, in the kept workers' namespace, on the
-node of the driver that left it. Taken, it logs for that run only and leaves with the
-driver's process; never taken, it leaves after ``keep_s`` seconds.
+kind (``trials`` or ``plots``) + its node + a random suffix, in the kept workers'
+namespace, on the node of the driver that left it. Taken, it logs for that run only and
+leaves with the driver's process; never taken, it leaves after ``keep_s`` seconds.
 """
 
 from __future__ import annotations
@@ -42,21 +42,19 @@ class SpareLogger(TrialLogger):
         self._keep_s = keep_s
         threading.Thread(target=self._watch, name="harness-spare", daemon=True).start()
 
-    def claim(self, uri: str, experiment: str, driver_pid: int, open_now: bool,
-              before: float) -> bool:
+    def claim(self, uri: str, experiment: str, driver_pid: int, before: float) -> bool:
         """Bind this spare to a run's store and experiment; False where another run took
         it first (two runs may find the same spare), or where the claim comes after
         ``before`` (time.monotonic(), which the node's processes share): its caller
         stopped waiting for the answer (the spare was still starting) and went on
-        without it."""
+        without it. It answers at once: an existing SQLite store is opened on a thread
+        (``warm_store``), any other on first use or by ``open``."""
         with self._claim_lock:
             if self._driver is not None or time.monotonic() > before:
                 return False
             self._driver = driver_pid
         self._where = (uri, experiment)
         self.warm_store()
-        if open_now:
-            _ = self.tracker  # the store opened (and the experiment created) now
         self._stats["ready_at"] = time.monotonic()  # as a logger of this run
         self._stats["spare"] = 1  # the summary shows it was ready before the run
         return True
@@ -93,7 +91,7 @@ def _prefix(version: str, plots: bool) -> str:
     return f"{PREFIX}{version}-{'plots' if plots else 'trials'}-{node[:12]}-"
 
 
-def take(uri: str, experiment: str, plots: bool, open_now: bool, version: str) -> Any | None:
+def take(uri: str, experiment: str, plots: bool, version: str) -> Any | None:
     """A spare of the harness's code ``version`` and this kind on this node, claimed for
     the run's store (``uri``) and ``experiment``; None where there is none to take."""
     import ray
@@ -110,7 +108,7 @@ def take(uri: str, experiment: str, plots: bool, open_now: bool, version: str) -
         try:
             actor = ray.get_actor(name, namespace=NAMESPACE)
             wait_s = 2.0  # a spare that is up answers in milliseconds
-            claim = actor.claim.remote(absolute_uri(uri), experiment, os.getpid(), open_now,
+            claim = actor.claim.remote(absolute_uri(uri), experiment, os.getpid(),
                                        time.monotonic() + wait_s)
             if ray.get(claim, timeout=wait_s):
                 return actor
