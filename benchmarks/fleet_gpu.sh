@@ -90,10 +90,13 @@ if want quickstart; then
     0 "${QUICKSTART_S:-90}"
   dir="$WORK/quickstart-warm"; mkdir -p "$dir"
   fleet_up 0
-  for i in $(seq 1 "${WARM_RUNS:-3}"); do
-    RAY_AUTH_MODE=token one_run "quickstart_warm$i" "$ROOT/configs/quickstart.yaml" 0 \
-      "${QUICKSTART_S:-90}" --fresh --set fleet.keep_workers_s=600
-  done
+  # As from a user's shell after `ray start`: no RAY_AUTH_MODE (the run sends the token
+  # that `ray start` wrote).
+  ( unset RAY_AUTH_MODE
+    for i in $(seq 1 "${WARM_RUNS:-3}"); do
+      one_run "quickstart_warm$i" "$ROOT/configs/quickstart.yaml" 0 "${QUICKSTART_S:-90}" \
+        --fresh --set fleet.keep_workers_s=600
+    done )
   fleet_down
 fi
 if want softmax; then
