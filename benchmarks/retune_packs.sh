@@ -12,7 +12,9 @@
 # LIMIT_S stops the campaign with SIGTERM after that many seconds (a machine lent for a
 # limited time): the experiments that finished have written their packs, which are copied
 # out as after a full run, and RESUME=1 with the same WORK goes on with the others
-# (`kharness run ... --resume`).
+# (`kharness run ... --resume`). TARBALL=<file.tgz> packs $OUT and the packs written so far
+# into one file every 20 s and at the end, so that a command stopped from outside keeps
+# them.
 #
 # The experiments run as ONE campaign (`kharness run A.yaml B.yaml ...`): one Ray, one set
 # of GPU workers and one compile service per node for all their studies, spread over every
@@ -34,6 +36,16 @@ WORK="${WORK:-$(mktemp -d /tmp/retune-XXXX)}"
 mkdir -p "$OUT" "$WORK"
 LIMIT=()
 [ -n "${LIMIT_S:-}" ] && LIMIT=(timeout -s TERM -k 120 "$LIMIT_S")
+checkpoint() {
+  if [ -n "${TARBALL:-}" ]; then
+    tar czf "$TARBALL.part" "$OUT" "$WORK/packs" 2> /dev/null; mv "$TARBALL.part" "$TARBALL"
+  fi
+}
+if [ -n "${TARBALL:-}" ]; then
+  ( while sleep 20; do checkpoint; done ) &
+  PACKER=$!
+  trap 'kill $PACKER 2> /dev/null; checkpoint' EXIT
+fi
 START=--fresh
 [ "${RESUME:-0}" = "1" ] && START=--resume
 
@@ -103,6 +115,7 @@ cp -r "$WORK/packs/$GPU" "$OUT/packs/"
 # Each experiment's Optuna storage and state (kilobytes): what its trials measured. The
 # storage through SQLite's backup: a plain copy leaves out what is still in its -wal file.
 for d in "$WORK"/runs/*/; do
+  [ -d "$d" ] || continue  # no runs (the files were refused)
   name="$(basename "$d")"
   mkdir -p "$OUT/runs/$name"
   cp "$d"state.json "$OUT/runs/$name/" 2>/dev/null
