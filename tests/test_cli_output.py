@@ -329,7 +329,7 @@ def test_the_summary_fits_100_columns():
                       overhead={"timing": 2000.0, "first_call": 300.0, "idle": 20.0},
                       first_calls={"watched": 8, "compiled_in_worker": 1, "ahead_missed": 0,
                                    "compiled_here": 2},
-                      replaced=1, retried=2,
+                      replaced=1, retried=2, reused=1, mlflow_logger={"spare": 1},
                       fleet={"compile_services": {"f" * 56: {
                           "processes": 14, "first_ready_s": 2.5, "all_ready_s": 9.25,
                           "ready": 14, "first_compile_done_s": 4.0}}},
@@ -352,6 +352,8 @@ def test_the_summary_fits_100_columns():
     assert "BLOCK_K=" not in text and "GROUP_M=" not in text  # the default's values
     assert "2 the default config" in text and "3 none" in text
     assert f"MLflow: sqlite:///mlflow.db (parent run {'0' * 32})" in text
+    assert ("2 trials retried, 1 kept workers reused, a spare MLflow logger taken"
+            in text)  # a warm fleet shows what it reused
     assert ("first launches: 5 of 8 loaded a compiled binary, 1 compiled in the worker "
             "(0 despite compile-ahead), 2 compiled there while the compile service "
             "started") in text

@@ -188,7 +188,9 @@ def _fleet(out: Console, summary: Any) -> None:
               f"{summary.timing_s:.1f} s timing kernels "
               f"({fmt(summary.timing_fraction * 100, '.0f', '%')}); "
               f"{summary.replaced} workers replaced, {summary.retried} trials retried"
-              + (f", {summary.reused} kept workers reused" if summary.reused else ""))
+              + (f", {summary.reused} kept workers reused" if summary.reused else "")
+              + (", a spare MLflow logger taken"
+                 if summary.mlflow_logger.get("spare") else ""))
     line = timeline_line(summary.timeline)
     if line:
         out.print(line, markup=False, highlight=False)
