@@ -530,8 +530,7 @@ class TrialLogger:
             try:
                 from mlflow.tracking import MlflowClient
 
-                if uri.startswith("sqlite:"):
-                    _sqlite_fast_commits()
+                _sqlite_fast_commits()
                 _ = MlflowClient(uri)._tracking_client.store  # MLflow caches it per URI
             except Exception as exc:  # the first call opens it and reports what fails
                 log.debug("MLflow store not opened ahead: %s", exc)
