@@ -41,6 +41,10 @@ _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"kh-{_worker}-", dir="/tmp")
 atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
 
+# A run that keeps its workers leaves a kept driver process for the next command: the
+# tests that are about it turn this back off, with a socket folder of their own.
+os.environ["KHARNESS_NO_KEPT_DRIVER"] = "1"
+
 
 # The costliest files first, from their measured wall times on two cores (`--junitxml`,
 # 2026-11-27). `-n 2 --dist loadfile` hands whole files to the two processes in collection

@@ -95,11 +95,12 @@ def head() -> Iterator[SimpleNamespace]:
         else:
             pytest.fail("`ray start --head` failed 3 times:\n" + "\n---\n".join(failures))
         yield SimpleNamespace(address=f"http://127.0.0.1:{dash}", gcs=f"127.0.0.1:{gcs}",
-                              env=env)
+                              env=env, base=base)
     finally:
         # Killed outright: the GCS server, the raylet and the autoscaler's monitor outlive
-        # a SIGTERM by more than 8 s (measured), and nothing of this head is kept.
-        _signal(_ours(temp_dir), signal.SIGKILL)
+        # a SIGTERM by more than 8 s (measured), and nothing of this head is kept. Its
+        # kept drivers too: their sockets are under ``base``.
+        _signal(_ours(base), signal.SIGKILL)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -141,6 +142,17 @@ def test_ray_job_submit_runs_an_experiment(head, tmp_path: Path) -> None:
     assert entry["provenance"]["interpreted"] is True
 
 
+def _kept_experiment(tmp_path: Path, keep_s: float) -> dict:
+    """One trial of a small matmul whose workers are kept ``keep_s`` after the run."""
+    return {
+        "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}], "dtypes": ["fp16"],
+        "search": {"sampler": "grid", "trials": 1},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
+        "fleet": {"compile_workers": 0, "keep_workers_s": keep_s, "bookkeeping": "processes"},
+    }
+
+
 def test_runs_join_the_head_with_or_without_ray_address_and_keep_workers(
         head, tmp_path: Path) -> None:
     """A user's `ray start --head` has token authentication on by default: `kharness run`
@@ -149,13 +161,7 @@ def test_runs_join_the_head_with_or_without_ray_address_and_keep_workers(
     `ray start` (as a bare ray.init() would). Either way it treats it as what it is, a
     cluster that outlives the run: fleet.keep_workers_s holds, and the second run leases
     the first run's worker and takes the MLflow logger process it left."""
-    exp = {
-        "kernel": "matmul", "shapes": [{"M": 64, "N": 64, "K": 64}], "dtypes": ["fp16"],
-        "search": {"sampler": "grid", "trials": 1},
-        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
-        "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
-        "fleet": {"compile_workers": 0, "keep_workers_s": 60, "bookkeeping": "processes"},
-    }
+    exp = _kept_experiment(tmp_path, keep_s=60)
     by_address = {**{k: v for k, v in head.env.items() if k != "RAY_AUTH_MODE"},
                   "RAY_ADDRESS": head.gcs}
     # A user's shell: neither RAY_ADDRESS nor RAY_AUTH_MODE (Ray sends the token it finds
@@ -174,8 +180,64 @@ def test_runs_join_the_head_with_or_without_ray_address_and_keep_workers(
         assert "started its own Ray" not in out, out[-4000:]
         summaries.append(json.loads(proc.stdout))
     assert [s["rows"][0]["counts"]["measured"] for s in summaries] == [1, 1]
-    assert [s["workers_reused"] for s in summaries] == [0, 1]
+    assert [s["workers_reused"] for s in summaries] == [0, 1], [s["events"] for s in summaries]
     assert [s["mlflow_logger"].get("spare") for s in summaries] == [None, 1]
+
+
+def test_the_next_command_runs_in_the_kept_driver_the_last_run_left(
+        head, tmp_path: Path) -> None:
+    """A run that keeps its workers on the machine's `ray start` leaves a kept driver; the
+    next `kharness run` from the same directory is handed to it, and prints, exits and
+    stops as a local one: its summary names the kept driver; a bad file's error reaches
+    the command's stderr with exit code 2; Ctrl-C (SIGINT to the command) stops the run
+    it handed over, which says how to resume."""
+    env = {k: v for k, v in head.env.items()
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "KHARNESS_NO_KEPT_DRIVER")}
+    env["XDG_RUNTIME_DIR"] = head.base  # its sockets beside this head, killed with it
+    exp = _kept_experiment(tmp_path, keep_s=120)
+
+    def kharness(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "kharness"), *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+
+    summaries = []
+    for name in ("kd1", "kd2"):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({**exp, "name": name}))
+        proc = kharness("run", f"{name}.yaml", "--json")
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        summaries.append(json.loads(proc.stdout))
+    assert [s["rows"][0]["counts"]["measured"] for s in summaries] == [1, 1]
+    assert summaries[0]["kept_driver"] == {}
+    served = summaries[1]["kept_driver"]
+    assert served["pid"] > 0 and served["ready_s"] > 0, served
+    assert summaries[1]["workers_reused"] == 1
+    assert (tmp_path / "packs").is_dir()
+
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**exp, "name": "bad",
+                                                       "search": {"trials": "many"}}))
+    proc = kharness("run", "bad.yaml")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "bad.yaml" in proc.stderr and "search.trials" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    long = {**exp, "name": "kd3", "search": {"sampler": "random", "trials": 500}}
+    (tmp_path / "kd3.yaml").write_text(yaml.safe_dump(long))
+    cmd = subprocess.Popen([str(BIN / "kharness"), "run", "kd3.yaml"], env=env, cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "runs" / "kd3" / "optuna.db").is_file():
+            assert cmd.poll() is None and time.monotonic() < deadline, cmd.communicate()
+            time.sleep(0.2)
+        time.sleep(2.0)  # its trials under way
+        cmd.send_signal(signal.SIGINT)
+        out, err = cmd.communicate(timeout=120)
+    finally:
+        if cmd.poll() is None:
+            cmd.kill()
+    assert cmd.returncode == 130, out + err
+    assert "stopped (SIGINT)" in err and "--resume" in err, err
+    assert "run by a kept driver" not in out  # stopped: no summary table
 
 
 def test_run_starts_its_own_ray_when_the_last_ray_start_is_dead(tmp_path: Path) -> None:

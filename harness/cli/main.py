@@ -19,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from harness.cli import kept_driver
 from harness.cli.run_command import EXIT_BAD_INPUT, EXIT_NO_HARDWARE, cmd_run
 from harness.tracking.redact import install, redact
 
@@ -186,13 +187,24 @@ def _main_redacted() -> int:
         return 1
 
 
-def entry() -> None:
-    """The ``kharness`` command: ``main``, then a fast exit. After a run, the interpreter's
-    own teardown (freeing torch, Ray's and gRPC's native state) took ~2 s of the command's
-    wall on its own; everything the harness writes is written and flushed by then, and a
-    Ray this process started is stopped first (its exit hook would be skipped too)."""
+def here() -> int:
+    """The command of ``sys.argv`` in this process: its exit status."""
     _cwd_importable()
-    rc = _main_redacted()
+    return _main_redacted()
+
+
+def entry() -> None:
+    """The ``kharness`` command: handed to a kept driver where one serves it
+    (``harness.cli.kept_driver``), else ``main`` here; then a fast exit. After a run, the
+    interpreter's own teardown (freeing torch, Ray's and gRPC's native state) took ~2 s
+    of the command's wall on its own; everything the harness writes is written and
+    flushed by then, and a Ray this process started is stopped first (its exit hook
+    would be skipped too)."""
+    import harness
+
+    rc = kept_driver.forward(sys.argv[1:], harness.IMPORTED_AT)
+    if rc is None:
+        rc = here()
     try:
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from harness.cli import kept_driver
 from harness.cli.summary import WIDTH, print_campaign, print_summary
 from harness.tracking import jsonsafe
 from harness.tracking.redact import redact
@@ -104,7 +105,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.fresh:
         for _, before in earlier:
             console.print(replaced_by_fresh(before), markup=False, highlight=False)
-    _ray_auth_mode()
+    env = dict(os.environ)  # as the command got it: what a kept driver for it is keyed on
+    ray_auth_mode()
     _stop_on_signals()
     import harness
     from harness.fleet import NoHardwareError, RayStartError
@@ -118,6 +120,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
     summary = Summary(t0=harness.IMPORTED_AT)  # filled as it goes: read even if stopped
     result = CampaignSummary()  # a campaign's, likewise
+    summary.kept_driver = result.fleet.kept_driver = dict(kept_driver.SERVED)
+    _keep_driver(max(exp.fleet.keep_workers_s for _, exp in items), env)
     try:
         if campaign:
             from harness.run.campaign import run_campaign
@@ -162,6 +166,17 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     _redact(summary)
     print_summary(_stdout(), summary, quiet=args.quiet)
     return _not_tuned(summary.rows, console)
+
+
+def _keep_driver(keep_s: float, env: dict[str, str]) -> None:
+    """A run that keeps its workers leaves a kept driver for the next command from here
+    (``harness.cli.kept_driver``), unless one waits already. Started with the run, so
+    that it is ready when the run ends; where the run has no cluster that outlives it,
+    it finds so and ends."""
+    if keep_s and kept_driver.enabled(env):
+        from harness.cli import kept_server
+
+        kept_server.ensure(keep_s, env)
 
 
 def _campaign_done(args: argparse.Namespace, result: Any, console: Console) -> int:
@@ -222,7 +237,7 @@ def summary_json(summary: Any) -> dict[str, Any]:
         "first_calls": summary.first_calls, "head_start": summary.head_start,
         "compile_services": summary.fleet.get("compile_services", {}),
         "workers_replaced": summary.replaced, "workers_reused": summary.reused,
-        "trials_retried": summary.retried,
+        "kept_driver": summary.kept_driver, "trials_retried": summary.retried,
         "events": summary.events,
         "resumed": summary.resumed,
     }
@@ -232,7 +247,7 @@ def summary_json(summary: Any) -> dict[str, Any]:
 FLEET_KEYS = ("interpreted", "wall_s", "gpu_held_s", "kernel_timing_s", "timing_fraction",
               "overhead_s", "timeline_s", "worker_startup_s", "worker_nice", "first_calls",
               "head_start", "compile_services", "workers_replaced", "workers_reused",
-              "trials_retried", "events")
+              "kept_driver", "trials_retried", "events")
 
 
 def campaign_json(result: Any) -> dict[str, Any]:
@@ -263,7 +278,7 @@ def _not_tuned(rows: list[dict], console: Console) -> int:
     return EXIT_NOT_TUNED if missed else 0
 
 
-def _ray_auth_mode() -> None:
+def ray_auth_mode() -> None:
     """A `ray start --head` turns token authentication on by itself, but a driver joining
     it through RAY_ADDRESS sends the token only with RAY_AUTH_MODE=token, read when Ray is
     imported; without it the join fails with "InvalidAuthToken". Sending a token is

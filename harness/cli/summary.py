@@ -190,7 +190,9 @@ def _fleet(out: Console, summary: Any) -> None:
               f"{summary.replaced} workers replaced, {summary.retried} trials retried"
               + (f", {summary.reused} kept workers reused" if summary.reused else "")
               + (", a spare MLflow logger taken"
-                 if summary.mlflow_logger.get("spare") else ""))
+                 if summary.mlflow_logger.get("spare") else "")
+              + (f", run by a kept driver (pid {summary.kept_driver['pid']})"
+                 if summary.kept_driver else ""))
     line = timeline_line(summary.timeline)
     if line:
         out.print(line, markup=False, highlight=False)

@@ -421,22 +421,12 @@ class Cluster:
                         signal.signal(sig, handler)
 
     @staticmethod
-    def _connect() -> str:
-        if ray.is_initialized():
-            return "existing"
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(logging_level=logging.WARNING)
-            return os.environ["RAY_ADDRESS"]
-        # Workers must import a user's kernel module from the working directory. Only the
-        # cwd and the caller's PYTHONPATH: the driver's whole sys.path would put the base
-        # interpreter's site-packages ahead of the venv's (crashing workers).
-        path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
-        kw: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False,
-                              "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
+    def running_head() -> str | None:
+        """The address of the Ray this machine's last `ray start` left, if it answers:
+        what a bare ray.init() joins (not address="auto", which joins any Ray here,
+        another driver's own included). None where there is none, or it is dead."""
         try:
-            # The address the last `ray start` on this machine left: what a bare ray.init()
-            # joins (not address="auto", which joins any Ray here, another driver's own
-            # included). Ray's reader is private: where it moved, decide as before.
+            # Ray's reader is private: where it moved, decide as before.
             from ray._private.services import find_bootstrap_address
 
             running = find_bootstrap_address(None)
@@ -449,6 +439,22 @@ class Cluster:
                         "starting a Ray for this run (`ray stop` clears the stale address)",
                         running)
             running = None
+        return running or None
+
+    @staticmethod
+    def _connect() -> str:
+        if ray.is_initialized():
+            return "existing"
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(logging_level=logging.WARNING)
+            return os.environ["RAY_ADDRESS"]
+        # Workers must import a user's kernel module from the working directory. Only the
+        # cwd and the caller's PYTHONPATH: the driver's whole sys.path would put the base
+        # interpreter's site-packages ahead of the venv's (crashing workers).
+        path = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
+        kw: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False,
+                              "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
+        running = Cluster.running_head()
         if running:
             # Joined rather than a second Ray over the same GPUs; it outlives this run, so
             # it keeps workers and is not stopped.

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 KEPT_NS = spares.NAMESPACE  # kept workers and spare loggers: one namespace
 KEPT_PREFIX = "kharness-worker-"
+#: How long a run's end waits for its kept workers to confirm their release.
+RELEASE_S = 5.0
 
 _LOST = (RayActorError, WorkerCrashedError)
 
@@ -221,7 +223,15 @@ class Workers(Cluster):
                 continue
         refs = {h.lease.remote(self.run_id, self.timing, self.version, self.first.get(key)): h
                 for h in handles}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=10) if refs else ([], [])
+        # A lease prepares the run's first problem, as a new worker's start does: it is
+        # given as long, and one that does not answer is released and said.
+        ready, late = (ray.wait(list(refs), num_returns=len(refs), timeout=self.start_timeout_s)
+                       if refs else ([], []))
+        for ref in late:
+            refs[ref].release.remote(self.run_id)
+            self.events.append(f"{key}: a kept worker did not answer its lease within "
+                               f"{self.start_timeout_s:g} s; a new one was started")
+            log.warning("%s", self.events[-1])
         out: list[_Slot] = []
         for ref in ready:
             actor = refs[ref]
@@ -387,16 +397,26 @@ class Workers(Cluster):
                                        if s.ready_at is not None)
 
     def shutdown(self) -> None:
+        released = []
         for slot in self.slots:
             if slot.kept and slot.ready_at is not None and not slot.queue:
                 self._held_closed += time.monotonic() - slot.ready_at
                 slot.held_s += time.monotonic() - slot.ready_at
                 slot.ready_at = None
                 self._gone.append(slot)
-                slot.actor.release.remote(self.run_id)  # stays for the next run
+                released.append(slot.actor.release.remote(self.run_id))  # for the next run
             else:
                 self._close(slot)
         self.slots.clear()
+        if released:
+            # Delivered before this process ends (the command exits at once): a release
+            # lost on the way left the worker "busy" to the next run for LEASE_S.
+            done, _ = ray.wait(released, num_returns=len(released), timeout=RELEASE_S)
+            if len(done) < len(released):
+                self.events.append(f"{len(released) - len(done)} kept worker(s) did not "
+                                   f"confirm their release within {RELEASE_S:g} s: free "
+                                   "again after 30 s without a run")
+                log.warning("%s", self.events[-1])
         self.last_compile_stats = self.compile_stats()
         if self.keep_s <= 0:  # a kept service leaves by itself once unused
             for svc in self.services.values():

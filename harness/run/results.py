@@ -42,6 +42,8 @@ class Summary:
         self.timeline.setdefault(step, round(time.monotonic() - self.t0, 2))
     replaced: int = 0  # workers replaced (device fault, hang, lost)
     reused: int = 0  # kept workers of an earlier run this run leased (fleet.keep_workers_s)
+    #: The kept driver that ran this command (harness.cli.kept_driver.SERVED); {} if none
+    kept_driver: dict[str, Any] = field(default_factory=dict)
     retried: int = 0  # trials sent again after their worker was lost
     events: list[str] = field(default_factory=list)
     resumed: dict[str, Any] = field(default_factory=dict)  # what --resume found

@@ -314,6 +314,7 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     targets, infos = _started(targets, members, fleet, console)
     summary.mark("workers_ready")
     storages = storages_f.result()
+    summary.mark("storages_ready")
     for m in [m for m in active if m.skipped]:  # its workers never started
         m.logs.close()
         storages[m.name].close()

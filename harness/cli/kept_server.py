@@ -1,0 +1,226 @@
+"""The kept driver's own process (``harness.cli.kept_driver`` is the command's side).
+
+``python -m harness.cli.kept_server --socket PATH --keep-s S`` binds this directory's and
+environment's socket at once (a command that comes meanwhile waits in its backlog),
+imports what a run imports, joins the cluster, then waits up to S seconds for one
+command. It takes the command, hands its listening socket to a successor it starts,
+runs the command as ``kharness`` would (the command's directory, environment and
+terminal), sends back the exit status and ends. A second standby for the same socket
+ends at once (a lock file says which one serves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.cli import kept_driver
+
+#: What a run imports before its first trial, imported before the command comes.
+_MODULES = ("harness.cli.main", "harness.run.runner", "harness.run.campaign",
+            "harness.experiment.checks", "harness.tracking.spares", "optuna", "torch",
+            "triton")
+
+
+def _lock(path: Path) -> int | None:
+    """This socket's lock, held while a standby waits for its command; None where
+    another holds it."""
+    fd = os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def spawn(keep_s: float, env: dict[str, str], listen_fd: int | None = None) -> None:
+    """Start a standby for this directory and a command's environment ``env``, in a
+    session of its own (it outlives the command); its output goes to ``<socket>.log``."""
+    path = kept_driver.address(env=env)
+    cmd = [sys.executable, "-m", "harness.cli.kept_server", "--socket", str(path),
+           "--keep-s", f"{keep_s:g}"]
+    if listen_fd is not None:
+        cmd += ["--listen-fd", str(listen_fd)]
+    with open(path.with_suffix(".log"), "ab") as log:
+        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True, cwd=os.getcwd(), env=env,
+                         pass_fds=() if listen_fd is None else (listen_fd,))
+
+
+def ensure(keep_s: float, env: dict[str, str]) -> bool:
+    """After a run that keeps its workers: a standby for the next command under ``env``
+    (the command's environment as it started), unless one is there. Whether one was
+    started."""
+    try:
+        fd = _lock(kept_driver.address(env=env))
+    except OSError:  # no folder of this user's alone: none is kept
+        return False
+    if fd is None:
+        return False
+    os.close(fd)  # the standby takes it
+    spawn(keep_s, env)
+    return True
+
+
+def _say(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {message}", flush=True)
+
+
+def _listen(path: Path, fd: int | None) -> socket.socket:
+    if fd is not None:  # the socket its predecessor listened on: no command is lost
+        return socket.socket(fileno=fd)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    os.chmod(path, 0o600)
+    sock.listen(16)
+    return sock
+
+
+def _prepare() -> str:
+    """What a run does before it can take its first trial, done now: the imports and
+    joining the cluster. The cluster's address, or "" where there is none to keep a
+    driver on (a Ray of its own would end with this process)."""
+    import importlib
+
+    from harness.cli.run_command import ray_auth_mode
+    from harness.fleet.cluster import Cluster
+
+    if not os.environ.get("RAY_ADDRESS") and Cluster.running_head() is None:
+        return ""
+    for name in _MODULES:
+        importlib.import_module(name)
+    from harness.search import make_storage
+
+    # SQLAlchemy's dialect and Optuna's schema code, loaded once: a run's first storage
+    # took seconds to open here, on the way to its first trial.
+    make_storage("sqlite://").engine.dispose()
+    ray_auth_mode()  # as the run will: joining by RAY_ADDRESS needs the token sent
+    return Cluster.connect()
+
+
+def _command(listener: socket.socket, keep_s: float
+             ) -> tuple[socket.socket, dict[str, Any], list[int]] | None:
+    """The next command of this user, or None once ``keep_s`` pass without one."""
+    listener.settimeout(keep_s)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            return None
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                        struct.calcsize("3i")))
+        conn.settimeout(10.0)  # the command sends its request at once
+        try:
+            request, fds = kept_driver.receive(conn, max_fds=3)
+        except OSError:
+            request, fds = None, []
+        if uid == os.getuid() and request is not None and len(fds) == 3:
+            conn.settimeout(None)
+            return conn, request, fds
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+def _serve(request: dict[str, Any], fds: list[int], served: dict[str, Any],
+           start_env: set[str]) -> int:
+    """Run the command as the ``kharness`` process it replaces: its directory,
+    environment, arguments, terminal and start time."""
+    import importlib
+
+    import harness
+
+    cli = importlib.import_module("harness.cli.main")  # the package's ``main`` is the function
+
+    os.chdir(request["cwd"])
+    for name in start_env - request["env"].keys():  # what Ray or an import set stays
+        os.environ.pop(name, None)
+    os.environ.update(request["env"])
+    for target, fd in zip((0, 1, 2), fds, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    # The streams stay the objects that loggers hold; a terminal's lines show at once.
+    sys.stdout.reconfigure(line_buffering=os.isatty(1))
+    sys.argv = ["kharness", *request["argv"]]
+    harness.IMPORTED_AT = float(request["started_at"])
+    kept_driver.SERVED.update(served)
+    rc = cli.here()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.cli.kept_server")
+    p.add_argument("--socket", type=Path, required=True, help="where to listen (its key: "
+                   "this directory and the command's environment)")
+    p.add_argument("--keep-s", type=float, required=True)
+    p.add_argument("--listen-fd", type=int)
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    env = dict(os.environ)  # the command's, as its key was made: the successor's too
+    # Ctrl-C, relayed by the command, stops the run as in a terminal (a process started
+    # with SIGINT ignored would keep that).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    path = args.socket
+    lock = _lock(path)
+    if lock is None:
+        _say("another kept driver serves this socket; ending")
+        return 0
+    listener = _listen(path, args.listen_fd)
+    bound = os.stat(path).st_ino
+    where = _prepare()
+    if not where:
+        _say("no cluster outlives a run here (no `ray start`, no RAY_ADDRESS); ending")
+        listener.close()
+        return 0
+    ready_at = time.monotonic()
+    _say(f"ready in {ready_at - started:.1f} s on {where}; waiting {args.keep_s:g} s for a "
+         "command")
+    taken = _command(listener, args.keep_s)
+    if taken is None:
+        _say("no command came; ending")
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == bound:  # not a later standby's
+                path.unlink()
+        return 0
+    conn, request, fds = taken
+    # The successor first, on this listening socket: the next command waits in its
+    # backlog while it starts, never in a gap between two standbys.
+    os.close(lock)
+    spawn(args.keep_s, env, listener.fileno())
+    listener.close()
+    served = {"pid": os.getpid(), "ready_s": round(ready_at - started, 2),
+              "idle_s": round(time.monotonic() - ready_at, 2)}
+    _say(f"running `kharness {' '.join(request['argv'])}` from {request['cwd']}")
+    kept_driver.send(conn, served)
+    rc = 1
+    try:
+        rc = _serve(request, fds, served, set(env))
+    finally:
+        with contextlib.suppress(OSError):
+            kept_driver.send(conn, {"rc": rc})
+        conn.close()
+    return rc
+
+
+if __name__ == "__main__":
+    code = main()
+    import ray  # the run's Ray driver ends cleanly: its job is marked finished
+
+    if ray.is_initialized():
+        ray.shutdown()
+    os._exit(code)
