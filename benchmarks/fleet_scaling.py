@@ -113,21 +113,45 @@ def one_count(n: int, args: argparse.Namespace, work: Path, run: int = 0,
                  f"output.runs_dir={here / 'runs'}", f"output.packs_dir={here / 'packs'}",
                  *extra]
     out = here / f"summary{run or ''}.json"
-    # On a warm fleet the second run replaces the first's studies (--fresh's path): a
-    # user iterating re-runs the same experiment.
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(exp), str(out),
-           str(n if args.cpu and not run else 0), args.key, *overrides]
+    if run:
+        # A warm fleet's runs are the command a user types, so that what the command
+        # keeps between runs (the kept driver) is measured too. The second run replaces
+        # the first's studies: a user iterating re-runs the same experiment.
+        cmd = [sys.executable, "-m", "harness", "run", str(exp), "--json",
+               *(["--fresh"] if run > 1 else []), *[a for o in overrides for a in ("--set", o)]]
+    else:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(exp), str(out),
+               str(n if args.cpu else 0), args.key, *overrides]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=here, env=env, capture_output=True, text=True,
                           timeout=args.timeout_s)
     wall = time.monotonic() - t0
     (here / f"stderr{run or ''}.txt").write_text(proc.stderr[-200_000:])
+    if run and proc.returncode == 0:
+        out.write_text(json.dumps(_from_command(json.loads(proc.stdout)), indent=1))
     if proc.returncode != 0 or not out.is_file():
         return {"gpus": n, "run": run, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}",
                 "command_wall_s": wall}
     res = json.loads(out.read_text())
     res.update(gpus=n, command_wall_s=round(wall, 2), run=run)
     return res
+
+
+def _from_command(j: dict[str, Any]) -> dict[str, Any]:
+    """A command's ``--json`` summary in the child's form."""
+    counts = [r.get("counts", {}) for r in j["rows"]]
+    return {
+        "wall_s": j["wall_s"], "timeline_s": j["timeline_s"], "gpu_held_s": j["gpu_held_s"],
+        "kernel_timing_s": j["kernel_timing_s"], "timing_fraction": j["timing_fraction"],
+        "overhead_s": j["overhead_s"], "events": j["events"],
+        "fleet": {"workers": j["workers"], "driver_s": j["driver_s"],
+                  "compile_services": j["compile_services"]},
+        "trials": sum(c.get("measured", 0) + c.get("failed", 0) for c in counts),
+        "pruned": sum(c.get("pruned", 0) for c in counts), "studies": len(j["rows"]),
+        "frozen": sum(1 for r in j["rows"] if r.get("params")),
+        "interpreted": j["interpreted"], "worker_startup_s": j["worker_startup_s"],
+        "workers_reused": j["workers_reused"], "kept_driver": j["kept_driver"],
+        "mlflow_logger": j["mlflow_logger"]}
 
 
 def warm_count(n: int, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:

@@ -65,6 +65,26 @@ def test_a_spare_serves_the_run_that_takes_it_and_no_other(faulty_ray: Path,
         ray.kill(actor)
 
 
+def test_a_spare_opens_the_store_once_the_run_that_left_it_set_it_up(
+        faulty_ray: Path, mlflow_db: Path) -> None:
+    """A run's first spare is left before its store exists (opened then, a store being
+    created would be migrated twice at once); told the store is set up, it opens it for
+    the next run."""
+    import ray
+
+    from harness.tracking import spares
+
+    uri = f"sqlite:///{mlflow_db}"
+    spares.leave(keep_s=120, plots=False, version=VERSION)
+    spares.store_ready(uri)
+    assert spares._LEFT == []  # told once
+    actor = _take(uri, "ahead-exp")
+    try:
+        assert ray.get(actor.stats.remote(), timeout=30)["store_ahead"] == 1
+    finally:
+        ray.kill(actor)
+
+
 def test_a_spare_never_taken_leaves_after_keep_s(faulty_ray: Path) -> None:
     from harness.tracking import spares
 

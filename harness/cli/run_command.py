@@ -236,6 +236,7 @@ def summary_json(summary: Any) -> dict[str, Any]:
         "mlflow_logger": summary.mlflow_logger,
         "first_calls": summary.first_calls, "head_start": summary.head_start,
         "compile_services": summary.fleet.get("compile_services", {}),
+        "workers": summary.fleet.get("workers", []), "driver_s": summary.fleet.get("driver_s", {}),
         "workers_replaced": summary.replaced, "workers_reused": summary.reused,
         "kept_driver": summary.kept_driver, "trials_retried": summary.retried,
         "events": summary.events,
@@ -246,7 +247,8 @@ def summary_json(summary: Any) -> dict[str, Any]:
 #: The keys of ``summary_json`` that are the fleet's: a campaign's, once for all.
 FLEET_KEYS = ("interpreted", "wall_s", "gpu_held_s", "kernel_timing_s", "timing_fraction",
               "overhead_s", "timeline_s", "worker_startup_s", "worker_nice", "first_calls",
-              "head_start", "compile_services", "workers_replaced", "workers_reused",
+              "head_start", "compile_services", "workers", "driver_s", "workers_replaced",
+              "workers_reused",
               "kept_driver", "trials_retried", "events")
 
 

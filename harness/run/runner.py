@@ -32,6 +32,7 @@ from harness.run import freeze, schedule
 from harness.run import members as mem
 from harness.run.members import Member
 from harness.run.results import Summary, account, logger_stats
+from harness.tracking import spares
 from harness.tracking.run_logging import Logs, RemoteTracker
 from harness.tracking.tracker import Tracker, tracking_uri
 
@@ -333,6 +334,7 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         mem.start_tracking(m, campaign)
         if remote:
             summary.mark("tracking_ready")  # the logger's process answered
+            spares.store_ready(m.tracker.uri)
         # The studies, on the hardware that started, as its workers see it.
         m.studies = [_study(m, planned, infos[planned.spec.hardware][0], fleet)
                      for planned in _plan(m).studies if planned.spec.hardware in m.targets]

@@ -65,6 +65,16 @@ class SpareLogger(TrialLogger):
         self._stats["store_ahead"] = int(ahead)
         return True
 
+    def open_store(self, uri: str) -> None:
+        """The store of the run that left it, now that the run has set it up (opened
+        before, a store being created would have been migrated by two processes at
+        once): opened ahead for the next run, which most often logs to the same one."""
+        with self._claim_lock:
+            if self._driver is not None or self._warming is not None:
+                return
+            self._where = (uri, "")
+            self.warm_store()
+
     def _watch(self) -> None:
         """Leave once unclaimed for ``keep_s``, or once the claiming driver is gone (a
         driver killed outright cannot kill its loggers)."""
@@ -123,18 +133,32 @@ def take(uri: str, experiment: str, plots: bool, version: str) -> Any | None:
     return None
 
 
+#: The spares this process left, told once its run's store is set up (``store_ready``).
+_LEFT: list[Any] = []
+
+
+def store_ready(uri: str) -> None:
+    """The run's MLflow store is set up: the spares it left open it for the next run."""
+    for actor in _LEFT:
+        try:
+            actor.open_store.remote(absolute_uri(uri))
+        except Exception as exc:  # gone: only a head start for the next run
+            log.debug("spare logger not told of the store: %s", exc)
+    _LEFT.clear()
+
+
 def leave(keep_s: float, plots: bool, version: str, uri: str = "") -> None:
     """Start a spare of this kind for the next run (in the background: nothing waits
-    for it), ``uri``'s store opened ahead where it exists."""
+    for it), ``uri``'s store opened ahead where it exists (else once ``store_ready``)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
     try:
-        ray.remote(SpareLogger).options(
+        _LEFT.append(ray.remote(SpareLogger).options(
             name=_prefix(version, plots) + os.urandom(4).hex(), namespace=NAMESPACE,
             lifetime="detached", num_cpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-            **faults.actor_env()).remote(plots, keep_s, absolute_uri(uri) if uri else "")
+            **faults.actor_env()).remote(plots, keep_s, absolute_uri(uri) if uri else ""))
     except Exception as exc:  # only a head start for the next run
         log.warning("no spare MLflow logger left for the next run: %s", exc)
