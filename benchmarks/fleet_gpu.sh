@@ -61,7 +61,9 @@ fleet_up() {
     --port 0 --dashboard-host 127.0.0.1 --include-dashboard false --disable-usage-stats \
     --num-gpus "$(echo "$1" | tr ',' '\n' | wc -l)" > "$dir/ray-start.log" 2>&1)
 }
-fleet_down() { ray stop --force > /dev/null 2>&1; }
+# The head, and the kept drivers its runs left (each would end on its own once its Ray is
+# gone, or after keep_workers_s).
+fleet_down() { ray stop --force > /dev/null 2>&1; pkill -f harness.cli.kept_server; }
 if [ -n "${TARBALL:-}" ]; then
   ( while sleep 20; do checkpoint; done ) &
   PACKER=$!

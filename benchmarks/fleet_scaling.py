@@ -178,6 +178,8 @@ def warm_count(n: int, args: argparse.Namespace, work: Path) -> list[dict[str, A
         return out
     finally:
         subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
+        # The kept drivers its runs left: the next count starts from nothing kept.
+        subprocess.run(["pkill", "-f", "harness.cli.kept_server"], capture_output=True)
 
 
 # -- the table --------------------------------------------------------------------------------
