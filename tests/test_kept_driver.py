@@ -79,7 +79,7 @@ def test_a_stale_socket_is_removed_and_the_command_runs_here(runtime_dir: Path) 
 
 
 def test_a_kept_driver_ending_as_the_command_comes_leaves_it_to_run_here(
-        runtime_dir: Path) -> None:
+        runtime_dir: Path, capsys: pytest.CaptureFixture) -> None:
     path = kept_driver.address()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -105,6 +105,7 @@ def test_a_kept_driver_ending_as_the_command_comes_leaves_it_to_run_here(
     assert got["request"]["started_at"] == 12.5
     assert got["request"]["cwd"] == os.getcwd()
     assert got["fds"] == 3
+    assert "ended without taking the command; running it here" in capsys.readouterr().err
 
 
 def test_messages_and_descriptors_cross_the_socket(tmp_path: Path) -> None:

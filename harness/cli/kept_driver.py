@@ -189,9 +189,13 @@ def _accepted(sock: socket.socket) -> dict[str, Any] | None:
             told = True
     try:
         reply, _ = receive(sock)
-    except OSError:  # it ended as we came (its keep time ran out)
+    except OSError:
+        reply = None
+    if reply is None or "pid" not in reply:  # it ended as we came (its keep time ran out)
+        sys.stderr.write("kharness: the kept driver ended without taking the command; "
+                         "running it here\n")
         return None
-    return reply if reply is not None and "pid" in reply else None
+    return reply
 
 
 def _wait(sock: socket.socket, pid: int) -> int:
