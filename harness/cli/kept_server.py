@@ -157,10 +157,7 @@ def _serve(request: dict[str, Any], fds: list[int], served: dict[str, Any],
     sys.argv = ["kharness", *request["argv"]]
     harness.IMPORTED_AT = float(request["started_at"])
     kept_driver.SERVED.update(served)
-    rc = cli.here()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return rc
+    return cli.here()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,16 +202,31 @@ def main(argv: list[str] | None = None) -> int:
     listener.close()
     served = {"pid": os.getpid(), "ready_s": round(ready_at - started, 2),
               "idle_s": round(time.monotonic() - ready_at, 2)}
-    _say(f"running `kharness {' '.join(request['argv'])}` from {request['cwd']}")
+    from harness.tracking.redact import redact
+
+    _say(redact(f"running `kharness {' '.join(request['argv'])}` from {request['cwd']}"))
     kept_driver.send(conn, served)
     rc = 1
     try:
         rc = _serve(request, fds, served, set(env))
     finally:
+        _let_go()
         with contextlib.suppress(OSError):
             kept_driver.send(conn, {"rc": rc})
         conn.close()
     return rc
+
+
+def _let_go() -> None:
+    """The command's stdin, stdout and stderr given back before its exit status goes:
+    a caller that reads its output through a pipe sees it end with the command, not
+    once this process has left Ray."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 if __name__ == "__main__":
