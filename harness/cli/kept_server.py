@@ -44,10 +44,9 @@ def _lock(path: Path) -> int | None:
     return fd
 
 
-def spawn(keep_s: float, env: dict[str, str], listen_fd: int | None = None) -> None:
-    """Start a standby for this directory and a command's environment ``env``, in a
+def spawn(keep_s: float, path: Path, env: dict[str, str], listen_fd: int | None = None) -> None:
+    """Start a standby for the socket ``path`` with the environment ``env``, in a
     session of its own (it outlives the command); its output goes to ``<socket>.log``."""
-    path = kept_driver.address(env=env)
     cmd = [sys.executable, "-m", "harness.cli.kept_server", "--socket", str(path),
            "--keep-s", f"{keep_s:g}"]
     if listen_fd is not None:
@@ -60,16 +59,19 @@ def spawn(keep_s: float, env: dict[str, str], listen_fd: int | None = None) -> N
 
 def ensure(keep_s: float, env: dict[str, str]) -> bool:
     """After a run that keeps its workers: a standby for the next command under ``env``
-    (the command's environment as it started), unless one is there. Whether one was
+    (the command's environment as it started: the socket's key), unless one is there.
+    It starts with this process's environment as it is now (joining Ray by RAY_ADDRESS
+    needs the RAY_AUTH_MODE that the command set before importing Ray). Whether one was
     started."""
     try:
-        fd = _lock(kept_driver.address(env=env))
+        path = kept_driver.address(env=env)
+        fd = _lock(path)
     except OSError:  # no folder of this user's alone: none is kept
         return False
     if fd is None:
         return False
     os.close(fd)  # the standby takes it
-    spawn(keep_s, env)
+    spawn(keep_s, path, dict(os.environ))
     return True
 
 
@@ -95,7 +97,6 @@ def _prepare() -> str:
     driver on (a Ray of its own would end with this process)."""
     import importlib
 
-    from harness.cli.run_command import ray_auth_mode
     from harness.fleet.cluster import Cluster
 
     if not os.environ.get("RAY_ADDRESS") and Cluster.running_head() is None:
@@ -107,7 +108,6 @@ def _prepare() -> str:
     # SQLAlchemy's dialect and Optuna's schema code, loaded once: a run's first storage
     # took seconds to open here, on the way to its first trial.
     make_storage("sqlite://").engine.dispose()
-    ray_auth_mode()  # as the run will: joining by RAY_ADDRESS needs the token sent
     return Cluster.connect()
 
 
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen-fd", type=int)
     args = p.parse_args(argv)
     started = time.monotonic()
-    env = dict(os.environ)  # the command's, as its key was made: the successor's too
+    env = dict(os.environ)  # the successor's too
     # Ctrl-C, relayed by the command, stops the run as in a terminal (a process started
     # with SIGINT ignored would keep that).
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     # The successor first, on this listening socket: the next command waits in its
     # backlog while it starts, never in a gap between two standbys.
     os.close(lock)
-    spawn(args.keep_s, env, listener.fileno())
+    spawn(args.keep_s, path, env, listener.fileno())
     listener.close()
     served = {"pid": os.getpid(), "ready_s": round(ready_at - started, 2),
               "idle_s": round(time.monotonic() - ready_at, 2)}

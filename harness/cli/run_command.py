@@ -106,7 +106,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         for _, before in earlier:
             console.print(replaced_by_fresh(before), markup=False, highlight=False)
     env = dict(os.environ)  # as the command got it: what a kept driver for it is keyed on
-    ray_auth_mode()
+    _ray_auth_mode()
     _stop_on_signals()
     import harness
     from harness.fleet import NoHardwareError, RayStartError
@@ -280,7 +280,7 @@ def _not_tuned(rows: list[dict], console: Console) -> int:
     return EXIT_NOT_TUNED if missed else 0
 
 
-def ray_auth_mode() -> None:
+def _ray_auth_mode() -> None:
     """A `ray start --head` turns token authentication on by itself, but a driver joining
     it through RAY_ADDRESS sends the token only with RAY_AUTH_MODE=token, read when Ray is
     imported; without it the join fails with "InvalidAuthToken". Sending a token is
