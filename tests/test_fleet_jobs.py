@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ import pytest
 import yaml
 
 from harness import packs
+from harness.cli.run_command import _trial_count
 
 # Each run's MLflow store is a copy of one built once: a new store migrates (seconds of CPU).
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("mlflow_db")]
@@ -52,6 +54,15 @@ def _ours(temp_dir: str) -> list[int]:
             except OSError:  # gone meanwhile
                 continue
     return pids
+
+
+def _runs(pid: int, name: bytes) -> bool:
+    """Whether process ``pid`` is alive and runs ``name`` (a zombie's command line is
+    empty)."""
+    try:
+        return name in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _signal(pids: list[int], sig: int) -> None:
@@ -220,16 +231,25 @@ def test_the_next_command_runs_in_the_kept_driver_the_last_run_left(
     assert "bad.yaml" in proc.stderr and "search.trials" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
-    long = {**exp, "name": "kd3", "search": {"sampler": "random", "trials": 500}}
-    (tmp_path / "kd3.yaml").write_text(yaml.safe_dump(long))
-    cmd = subprocess.Popen([str(BIN / "kharness"), "run", "kd3.yaml"], env=env, cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    def long_run(name: str) -> subprocess.Popen:
+        """A long run handed over, once its trials are under way."""
+        shapes = [{"M": m, "N": n, "K": 64} for m in (64, 128) for n in (64, 128)]
+        long = {**exp, "name": name, "shapes": shapes,
+                "search": {"sampler": "random", "trials": 500}}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(long))
+        cmd = subprocess.Popen([str(BIN / "kharness"), "run", f"{name}.yaml"], env=env,
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
         deadline = time.monotonic() + 300
-        while not (tmp_path / "runs" / "kd3" / "optuna.db").is_file():
-            assert cmd.poll() is None and time.monotonic() < deadline, cmd.communicate()
+        while not _trial_count(tmp_path / "runs" / name / "optuna.db"):
+            if cmd.poll() is not None or time.monotonic() > deadline:
+                cmd.kill()
+                pytest.fail(f"{name} did not start: {cmd.communicate()}")
             time.sleep(0.2)
-        time.sleep(2.0)  # its trials under way
+        return cmd
+
+    cmd = long_run("kd3")
+    try:
         cmd.send_signal(signal.SIGINT)
         out, err = cmd.communicate(timeout=120)
     finally:
@@ -238,6 +258,25 @@ def test_the_next_command_runs_in_the_kept_driver_the_last_run_left(
     assert cmd.returncode == 130, out + err
     assert "stopped (SIGINT)" in err and "--resume" in err, err
     assert "run by a kept driver" not in out  # stopped: no summary table
+
+    # A command killed outright: the kept driver running it stops the run (what it
+    # measured stored, its run directory unlocked) and ends.
+    cmd = long_run("kd4")
+    logs = "".join(p.read_text() for p in Path(head.base).glob("kharness-*/*.log"))
+    (pid,) = [int(m) for m in re.findall(r"pid (\d+): running `kharness run kd4.yaml`", logs)]
+    cmd.kill()
+    cmd.wait(timeout=30)
+    deadline = time.monotonic() + 120
+    while _runs(pid, b"kept_server"):
+        assert time.monotonic() < deadline, "the kept driver ran on after its command died"
+        time.sleep(0.5)
+    logs = "".join(p.read_text() for p in Path(head.base).glob("kharness-*/*.log"))
+    assert f"pid {pid}: the command's process is gone: stopping its run" in logs, logs
+    proc = kharness("run", "kd4.yaml", "--resume", "--json")  # its directory unlocked
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    resumed = json.loads(proc.stdout)
+    assert resumed["resumed"], resumed  # the trials the stopped run measured were kept
+    assert len(resumed["rows"]) == 4 and all(r["counts"]["measured"] for r in resumed["rows"])
 
 
 def test_run_starts_its_own_ray_when_the_last_ray_start_is_dead(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,15 @@ def ensure(keep_s: float, env: dict[str, str]) -> bool:
     return True
 
 
+#: This process's log (``<socket>.log``), kept open apart from stdout, which becomes the
+#: command's.
+_LOG = {"fd": 1}
+
+
 def _say(message: str) -> None:
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {message}", flush=True)
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {message}\n"
+    with contextlib.suppress(OSError):
+        os.write(_LOG["fd"], line.encode())
 
 
 def _listen(path: Path, fd: int | None) -> socket.socket:
@@ -168,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen-fd", type=int)
     args = p.parse_args(argv)
     started = time.monotonic()
+    _LOG["fd"] = os.dup(1)
     env = dict(os.environ)  # the successor's too
     # Ctrl-C, relayed by the command, stops the run as in a terminal (a process started
     # with SIGINT ignored would keep that).
@@ -206,15 +215,38 @@ def main(argv: list[str] | None = None) -> int:
 
     _say(redact(f"running `kharness {' '.join(request['argv'])}` from {request['cwd']}"))
     kept_driver.send(conn, served)
+    running = threading.Event()
+    running.set()
+    threading.Thread(target=_watch_command, args=(conn, running), daemon=True,
+                     name="harness-kept-command").start()
     rc = 1
     try:
         rc = _serve(request, fds, served, set(env))
     finally:
+        running.clear()
         _let_go()
         with contextlib.suppress(OSError):
             kept_driver.send(conn, {"rc": rc})
         conn.close()
     return rc
+
+
+def _watch_command(conn: socket.socket, running: threading.Event) -> None:
+    """The command sends nothing more: its socket ends when its process does. A command
+    killed outright (SIGKILL, its terminal gone) stops its run here as SIGTERM stops a
+    local one, with what was measured stored."""
+    with contextlib.suppress(OSError):
+        while conn.recv(1):
+            pass
+    if running.is_set():
+        _say("the command's process is gone: stopping its run (as SIGTERM would)")
+        # Its terminal or pipe is gone too: what the run still prints on its way out
+        # goes nowhere rather than failing it.
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _let_go() -> None:

@@ -101,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "packs. Several files (or a folder: every *.yaml in it) run as one "
                        "campaign: one Ray and one set of GPU workers for all their studies, "
                        "each experiment keeping its own packs, MLflow experiment, "
-                       "runs/<name>/ and summary.")
+                       "runs/<name>/ and summary.",
+                       epilog="A run that keeps its workers (fleet.keep_workers_s on a "
+                       "`ray start` cluster) also leaves a kept driver: the next run from "
+                       "the same directory and environment runs in it, already imported "
+                       "and joined to Ray (docs/fleet.md). KHARNESS_NO_KEPT_DRIVER=1 runs "
+                       "the command in its own process.")
     r.add_argument("experiments", nargs="+", metavar="EXPERIMENT",
                    help="experiment YAML file, or a folder of them")
     again = r.add_mutually_exclusive_group()
