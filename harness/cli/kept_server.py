@@ -253,8 +253,9 @@ def _let_go() -> None:
     """The command's stdin, stdout and stderr given back before its exit status goes:
     a caller that reads its output through a pipe sees it end with the command, not
     once this process has left Ray."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that stopped reading
+            stream.flush()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
