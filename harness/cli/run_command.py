@@ -248,8 +248,7 @@ def summary_json(summary: Any) -> dict[str, Any]:
 FLEET_KEYS = ("interpreted", "wall_s", "gpu_held_s", "kernel_timing_s", "timing_fraction",
               "overhead_s", "timeline_s", "worker_startup_s", "worker_nice", "first_calls",
               "head_start", "compile_services", "workers", "driver_s", "workers_replaced",
-              "workers_reused",
-              "kept_driver", "trials_retried", "events")
+              "workers_reused", "kept_driver", "trials_retried", "events")
 
 
 def campaign_json(result: Any) -> dict[str, Any]:
