@@ -46,8 +46,10 @@ def test_a_spare_serves_the_run_that_takes_it_and_no_other(faulty_ray: Path,
 
     uri = f"sqlite:///{mlflow_db}"
     assert spares.take(uri, "spare-exp", False, VERSION) is None  # none yet
-    # Left by a run of that store: the spare opens it as it starts, not once claimed.
-    spares.leave(keep_s=120, plots=False, version=VERSION, uri=uri)
+    # Left by a run of that store: the spare opens it once the run set it up, not once
+    # claimed.
+    spares.leave(keep_s=120, plots=False, version=VERSION)
+    spares.store_ready(uri)
     assert any(n.startswith(spares.PREFIX + VERSION) for n in _names())
     # A run of other code does not take it (it imported this code once).
     assert spares.take(uri, "spare-exp", False, "other-code") is None

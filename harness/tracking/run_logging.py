@@ -351,7 +351,7 @@ def start_loggers(uri: str, experiment_name: str, open_now: bool = True,
         if keep_s <= 0:
             return start_trial_logger(uri, experiment_name, plots=plots, open_now=open_now)
         taken = spares.take(uri, experiment_name, plots, version)
-        spares.leave(keep_s, plots, version, uri)
+        spares.leave(keep_s, plots, version)
         return taken or start_trial_logger(uri, experiment_name, plots=plots,
                                            open_now=open_now)
 

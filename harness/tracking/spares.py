@@ -34,11 +34,8 @@ class SpareLogger(TrialLogger):
     """A ``TrialLogger`` not bound to a store yet: MLflow (and, for ``plots``, the
     plotting code) imported, waiting for a run to ``claim`` it."""
 
-    def __init__(self, plots: bool, keep_s: float, uri: str = "") -> None:
-        """``uri``: the store of the run that left it, opened now where it exists (the
-        next run's is most often the same; its engine and schema check took seconds
-        once claimed)."""
-        super().__init__(uri, "", warm_plots=plots, open_now=False)
+    def __init__(self, plots: bool, keep_s: float) -> None:
+        super().__init__("", "", warm_plots=plots, open_now=False)
         self._claim_lock = threading.Lock()
         self._driver: int | None = None  # the claiming driver's process id
         self._born = time.monotonic()
@@ -58,7 +55,7 @@ class SpareLogger(TrialLogger):
             self._driver = driver_pid
         ahead = self._where[0] == uri and self._warming is not None
         self._where = (uri, experiment)
-        if not ahead:  # not the store of the run that left it, opened as it started
+        if not ahead:  # not the store the run that left it set up (``open_store``)
             self.warm_store()
         self._stats["ready_at"] = time.monotonic()  # as a logger of this run
         self._stats["spare"] = 1  # the summary shows it was ready before the run
@@ -147,9 +144,9 @@ def store_ready(uri: str) -> None:
     _LEFT.clear()
 
 
-def leave(keep_s: float, plots: bool, version: str, uri: str = "") -> None:
+def leave(keep_s: float, plots: bool, version: str) -> None:
     """Start a spare of this kind for the next run (in the background: nothing waits
-    for it), ``uri``'s store opened ahead where it exists (else once ``store_ready``)."""
+    for it); it opens the run's store once told it is set up (``store_ready``)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -159,6 +156,6 @@ def leave(keep_s: float, plots: bool, version: str, uri: str = "") -> None:
             name=_prefix(version, plots) + os.urandom(4).hex(), namespace=NAMESPACE,
             lifetime="detached", num_cpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-            **faults.actor_env()).remote(plots, keep_s, absolute_uri(uri) if uri else ""))
+            **faults.actor_env()).remote(plots, keep_s))
     except Exception as exc:  # only a head start for the next run
         log.warning("no spare MLflow logger left for the next run: %s", exc)
