@@ -119,6 +119,42 @@ def test_json(fake_run, capsys):
     assert data["rows"][0]["winner_found"] == ROW["winner_found"]
 
 
+NOISY_RUN = """
+import os, sys
+import harness.run.runner as runner
+from harness.run.results import Summary
+
+def run(path, summary=None, **kwargs):
+    # What Ray relays to the driver's stdout (its workers' prints, its daemons' errors),
+    # through Python and straight to the descriptor.
+    print("(raylet) NOISE through print")
+    sys.stdout.flush()
+    os.write(1, b"NOISE on fd 1\\n")
+    return Summary(rows=[], packs=[], wall_s=1.0)
+
+runner.run = run
+from harness.cli.main import main
+sys.exit(main(["run", sys.argv[1], "--json"]))
+"""
+
+
+def test_json_is_alone_on_stdout_whatever_else_the_run_prints(tmp_path):
+    """A run's own stdout (Ray's relayed messages among them) goes to stderr under
+    --json: stdout parses as the object, in a real process with real descriptors."""
+    import subprocess
+    import sys
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"name": "cli", "kernel": "grouped_gemm",
+                                   "shapes": [{"M": 200, "N": 64, "K": 64, "E": 3}],
+                                   "dtypes": ["fp16"]}))
+    proc = subprocess.run([sys.executable, "-c", NOISY_RUN, str(exp)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert "NOISE" not in proc.stdout, proc.stdout
+    assert json.loads(proc.stdout)["rows"] == []
+    assert "NOISE through print" in proc.stderr and "NOISE on fd 1" in proc.stderr
+
+
 def test_the_winner_line_says_how_far_into_the_search_it_was_found():
     from harness.cli.summary import winner_line
 

@@ -140,3 +140,27 @@ def test_drop_studies_deletes_only_the_named_ones_and_creates_nothing(tmp_path) 
         optuna.create_study(study_name=name, storage=storage)
     assert drop_studies(url, ["a", "c", "x"]) == ["a", "c"]
     assert [s.study_name for s in optuna.get_all_study_summaries(make_storage(url))] == ["b"]
+
+
+def test_drop_studies_removes_a_file_that_holds_only_them(tmp_path) -> None:
+    """Every study in the file dropped: the file goes (fast), and a new storage at the
+    same place starts empty and works; a study of another name keeps the file."""
+    from harness.search import drop_studies, make_storage
+
+    db = tmp_path / "optuna.db"
+    url = f"sqlite:///{db}"
+    storage = make_storage(url)
+    for name in ("a", "b"):
+        optuna.create_study(study_name=name, storage=storage).optimize(
+            lambda t: t.suggest_int("x", 0, 9), n_trials=3)
+    storage.engine.dispose()
+    assert drop_studies(url, ["b", "a", "x"]) == ["b", "a"]
+    assert not db.exists() and not list(tmp_path.glob("optuna.db-*"))
+    again = make_storage(url)
+    assert optuna.get_all_study_summaries(again) == []
+    optuna.create_study(study_name="a", storage=again).optimize(
+        lambda t: t.suggest_int("x", 0, 9), n_trials=2)
+    optuna.create_study(study_name="keep", storage=again)
+    again.engine.dispose()
+    assert drop_studies(url, ["a"]) == ["a"] and db.exists()
+    assert [s.study_name for s in optuna.get_all_study_summaries(make_storage(url))] == ["keep"]

@@ -35,15 +35,27 @@ def drop_studies(url: str, names: list[str]) -> list[str]:
     """Delete the studies of these names that an earlier run left in the storage (a run
     without ``--resume`` starts them afresh); the names it deleted. One storage serves
     them all: each storage opened checks the schema's version (about half a second on
-    SQLite), and a SQLite file that does not exist yet holds nothing to delete."""
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+    SQLite), and a SQLite file that does not exist yet holds nothing to delete.
+
+    A SQLite file that holds nothing else is removed whole: Optuna deletes a study row by
+    row through its ORM (4.4 s for 8 studies of 180 trials on an H200 host's CPU, the
+    warm run's whole wait for its first trial), a new file costs a tenth of a second."""
+    path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+    if path is not None and not path.exists():
         return []
     storage = make_storage(url)
     try:
         existing = {s.study_name for s in storage.get_all_studies()}
         dropped = [name for name in names if name in existing]
-        for name in dropped:
-            optuna.delete_study(study_name=name, storage=storage)
-        return dropped
+        if path is None or existing - set(names):
+            for name in dropped:
+                optuna.delete_study(study_name=name, storage=storage)
+            return dropped
     finally:
         storage.engine.dispose()
+    # Closed (its last connection checkpointed the WAL): the side files first, so that a
+    # stop half-way leaves at worst the old file at its last checkpoint, which the next
+    # run drops again, never a stale WAL beside a new file.
+    for suffix in ("-shm", "-wal", "-journal", ""):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    return dropped
