@@ -400,3 +400,22 @@ def test_the_driver_s_runs_through_the_logger_process(local_ray, tmp_path, mlflo
     with pytest.raises(track.TrackingError, match="not a forwarded"):
         remote._call("flush")
     ray.kill(actor)
+
+
+def test_a_tracker_not_opened_at_once_opens_its_store_once_when_told():
+    """A campaign's other trackers of one store open it as soon as it exists, each once,
+    without waiting for the logger's answer."""
+    calls = []
+
+    class Method:
+        def remote(self, *args):
+            calls.append(args)
+
+    actor = type("Actor", (), {"open": Method()})()
+    later = run_mod.RemoteTracker(actor, "sqlite:///x.db", open_now=False)
+    assert calls == []
+    later.open()
+    later.open()
+    assert len(calls) == 1
+    run_mod.RemoteTracker(actor, "sqlite:///x.db").open()
+    assert len(calls) == 2

@@ -335,6 +335,9 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
         if remote:
             summary.mark("tracking_ready")  # the logger's process answered
             spares.store_ready(m.tracker.uri)
+            for other in active:  # the store exists: the others open it side by side
+                if other.tracker.uri == m.tracker.uri:
+                    other.tracker.open()
         # The studies, on the hardware that started, as its workers see it.
         m.studies = [_study(m, planned, infos[planned.spec.hardware][0], fleet)
                      for planned in _plan(m).studies if planned.spec.hardware in m.targets]

@@ -86,8 +86,18 @@ class RemoteTracker:
         store (two processes creating one SQLite store's tables at once collide)."""
         self.actor = actor
         self.uri = tracking_uri(uri)
+        self._opening = False
         if open_now:
-            self.actor.open.remote()  # answered in order before the calls below; never raises
+            self.open()
+
+    def open(self) -> None:
+        """Have the logger open the store now, without waiting for it (once the store
+        exists, trackers that were not to open it at once do so side by side: a
+        campaign's experiments' loggers each opened it only at their experiment's first
+        run, one after another, before the first trial)."""
+        if not self._opening:
+            self._opening = True
+            self.actor.open.remote()  # answered in order before later calls; never raises
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
