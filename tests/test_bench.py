@@ -60,6 +60,8 @@ def test_bench_measures_the_case_against_its_baselines(bench_run) -> None:
     assert case["pack_source"] in ("exact", "nearest", "default")
     assert "3 rounds" in (where / "bench.md").read_text()
     assert math.isclose(rows["tuned"]["tuned_speedup"], 1.0)
+    assert case["vs_default"] in ("faster", "tie", "slower", "same config")
+    assert f"in the same rounds: **{case['vs_default']}**" in (where / "bench.md").read_text()
 
 
 def test_bench_cost_sections_are_measured(bench_run) -> None:
@@ -127,3 +129,24 @@ def test_torch_compile_baseline_is_compiled_once_and_timed_every_round() -> None
     assert tc["note"].startswith("compiled in ") and len(tc["round_ms"]) == 2
     assert tc["max_abs_err"] < 1e-4
     assert [len(r["round_ms"]) for r in got["rows"]] == [2] * len(got["rows"])
+
+
+def test_the_pack_against_the_default_config_by_the_rule_that_froze_it() -> None:
+    """Faster, slower, or a tie that the same-round ratios cannot order (the default's
+    median a hair lower in rounds that overlap is no loss); the default itself is the
+    same config, and a failed row decides nothing."""
+    from harness.measure.bench import vs_default
+
+    def rows(tuned: list[float], default: list[float], ok: bool = True) -> list[dict]:
+        return [{"variant": "tuned", "ok": True, "round_ms": tuned,
+                 "median_ms": sorted(tuned)[len(tuned) // 2]},
+                {"variant": "default config", "ok": ok, "round_ms": default,
+                 "median_ms": sorted(default)[len(default) // 2]}]
+
+    assert vs_default(rows([1.0, 1.01, 0.99], [1.3, 1.31, 1.29]), False) == "faster"
+    assert vs_default(rows([1.3, 1.31, 1.29], [1.0, 1.01, 0.99]), False) == "slower"
+    assert vs_default(rows([3.3235, 3.32, 3.324], [3.3212, 3.32, 3.33]), False) == "tie"
+    # Slower by 1 % in each of five rounds: measured, not noise.
+    assert vs_default(rows([1.01] * 5, [1.0] * 5), False) == "slower"
+    assert vs_default(rows([1.0] * 3, [1.0] * 3), True) == "same config"
+    assert vs_default(rows([1.0] * 3, [1.0] * 3, ok=False), False) == "-"

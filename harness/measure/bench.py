@@ -157,10 +157,35 @@ def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
     for r in rows:
         r["tuned_speedup"] = (r["median_ms"] / tuned_ms
                               if r["ok"] and tuned_ms == tuned_ms else math.nan)
+    same = ({**fam.default_config, **hit.config} == dict(fam.default_config))
     return {"kernel": fam.name, "shape_name": case.shape_name, "shape": fam.shape_key(shape),
             "dtype": case.dtype, "pack_config": hit.config, "pack_source": hit.source,
             "roofline_ms": bound, "flops": fam.flops(shape), "rounds": max(1, rounds),
-            "bytes": fam.bytes_moved(shape, case.dtype), "rows": rows}
+            "bytes": fam.bytes_moved(shape, case.dtype), "rows": rows,
+            "vs_default": vs_default(rows, same)}
+
+
+def vs_default(rows: list[dict[str, Any]], same_config: bool) -> str:
+    """The pack's entry against the kernel's default config, measured in the same rounds,
+    by the rule that froze it (``harness.run.remeasure``): ``faster``, ``tie`` (within
+    noise of each other and not slower in every round), ``slower``; ``same config``
+    where the pack holds the default; ``-`` where either failed."""
+    from harness.run.remeasure import Candidate, consistently_slower, within_noise
+
+    by = {r["variant"]: r for r in rows}
+    tuned, default = by.get("tuned"), by.get("default config")
+    if not (tuned and default and tuned["ok"] and default["ok"]):
+        return "-"
+    if same_config:
+        return "same config"
+    def cand(row: dict[str, Any]) -> Candidate:
+        samples = list(row.get("round_ms") or [row["median_ms"]])
+        return Candidate({}, math.nan, samples=samples, rounds=list(range(len(samples))))
+
+    t, d = cand(tuned), cand(default)
+    if t.median <= d.median:
+        return "faster" if not within_noise(d, t) else "tie"
+    return "tie" if within_noise(t, d) and not consistently_slower(t, d) else "slower"
 
 
 def _compiled_variant(name: str, mode: str | None, fam: kernel_api.Kernel, shape: dict,
@@ -253,7 +278,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"## {c['kernel']} `{c['shape_name']}` ({c['shape']}, {c['dtype']})",
             "",
             f"roofline bound {_fmt(c['roofline_ms'], '.4g')} ms; pack config ({c['pack_source']}): "
-            f"`{json.dumps(c['pack_config'], sort_keys=True)}`",
+            f"`{json.dumps(c['pack_config'], sort_keys=True)}`; against the default config "
+            f"in the same rounds: **{c.get('vs_default', '-')}**",
             "",
             "| variant | precision | median ms | p20-p80 ms | tuned is faster by | % roofline "
             "| max abs err | note |",

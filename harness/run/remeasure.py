@@ -132,6 +132,15 @@ def relative(c: Candidate, best: Candidate) -> tuple[float, bool]:
     return c.median / best.median, False
 
 
+def within_noise(c: Candidate, best: Candidate) -> bool:
+    """Whether ``c`` is within noise of ``best`` by its latency relative to it: ``NOISE``
+    paired; unpaired, a drift that spread the best's own samples widens the band (up to
+    ``MAX_NOISE``)."""
+    ratio, paired = relative(c, best)
+    loose = min(MAX_NOISE, max(NOISE, (best.spread if best.spread == best.spread else 0) / 2))
+    return ratio <= 1 + (NOISE if paired else loose)
+
+
 def consistently_slower(c: Candidate, best: Candidate) -> bool:
     """Whether ``c`` was slower than ``best`` by more than ``CONSISTENT_GAP`` in every
     one of at least ``CONSISTENT_ROUNDS`` same-round pairs."""
@@ -182,13 +191,7 @@ def pick(cands: Sequence[Candidate],
     if not ok:
         return None
     best = min(ok, key=lambda c: c.median)
-    # Unpaired, a drift that spread the best's own samples widens the band (capped).
-    loose = min(MAX_NOISE, max(NOISE, (best.spread if best.spread == best.spread else 0) / 2))
-    tied = []
-    for c in ok:
-        ratio, paired = relative(c, best)
-        if ratio <= 1 + (NOISE if paired else loose) and not consistently_slower(c, best):
-            tied.append(c)
+    tied = [c for c in ok if within_noise(c, best) and not consistently_slower(c, best)]
     if len(tied) > 1:
         scored = sorted(tied, key=lambda c: (robust(c.config), c.median))
         if math.isfinite(robust(scored[0].config)):
