@@ -41,11 +41,14 @@ stamp() { "$PY" -c "import time; print(time.monotonic())"; }
 
 # One `python -m harness run` from $dir: name, experiment, GPUs, limit, extra arguments.
 # Its --json summary goes to $OUT/<name>.json, its wall and stderr's tail to <name>.log.
+# At the limit only the command is signalled (--foreground), as a user's Ctrl-C would:
+# signalled as a process group, Ray's processes died with it and the summary lost what
+# they held (the compile service's figures).
 one_run() {
   local name=$1 exp=$2 gpus=$3 limit=$4; shift 4
   local t0 t1 rc
   t0=$(stamp)
-  (cd "$dir" && CUDA_VISIBLE_DEVICES=$gpus timeout "$limit" "$PY" -m harness run "$exp" \
+  (cd "$dir" && CUDA_VISIBLE_DEVICES=$gpus timeout --foreground -k 30 "$limit" "$PY" -m harness run "$exp" \
     --json "$@" > "$OUT/$name.json" 2> "$dir/$name.stderr")
   rc=$?
   t1=$(stamp)

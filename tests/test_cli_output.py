@@ -364,7 +364,9 @@ def test_the_summary_fits_100_columns():
                       wall_s=1234.5, held_s=4321.0, timing_s=2000.0, timing_fraction=0.46,
                       overhead={"timing": 2000.0, "first_call": 300.0, "idle": 20.0},
                       first_calls={"watched": 8, "compiled_in_worker": 1, "ahead_missed": 0,
-                                   "compiled_here": 2},
+                                   "compiled_here": 2, "in_worker_why": {
+                                       "the compile service on node n did not answer for "
+                                       "this config within N s": 1}},
                       replaced=1, retried=2, reused=1, mlflow_logger={"spare": 1},
                       fleet={"compile_services": {"f" * 56: {
                           "processes": 14, "first_ready_s": 2.5, "all_ready_s": 9.25,
@@ -393,6 +395,8 @@ def test_the_summary_fits_100_columns():
     assert ("first launches: 5 of 8 loaded a compiled binary, 1 compiled in the worker "
             "(0 despite compile-ahead), 2 compiled there while the compile service "
             "started") in text
+    assert ("most often because: the compile service on node n did not answer for this "
+            "config within N s (1)") in text
     assert ("compile service ffffffff: 14 processes, first ready 2.5 s, all 9.2 s, first "
             "compile done 4.0 s after it started") in text
     assert ("head start: 10 of 11 builds done; 2 processes, first ready 3.0 s, all 3.5 s, "

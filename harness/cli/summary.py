@@ -207,6 +207,10 @@ def _fleet(out: Console, summary: Any) -> None:
                   f"compiled in the worker ({fc['ahead_missed']} despite compile-ahead)"
                   + (f", {here} compiled there while the compile service started"
                      if here else ""))
+        why = fc.get("in_worker_why") or {}
+        if why:
+            top, n = max(why.items(), key=lambda kv: kv[1])
+            out.print(f"  most often because: {top} ({n})", markup=False, highlight=False)
     for node, svc in summary.fleet.get("compile_services", {}).items():
         line = _pool_line(svc)
         if line:

@@ -512,6 +512,7 @@ class NodeCompiler:
         self._lost = ""
         self._silent = 0.0  # since when the service has not answered (0: it answers)
         self._heard = False  # whether the service has answered a poll yet
+        self._warm = False  # whether it has started or finished a compile of ours (``warm``)
         self._closed = False
         self._defaults: dict[str, dict[str, Any]] = {}  # problem -> its kernel's defaults
         threading.Thread(target=self._poll, name="harness-compile-client", daemon=True).start()
@@ -535,13 +536,30 @@ class NodeCompiler:
 
     def warm(self) -> bool:
         """Whether the service has started or finished a compile of this worker's: until
-        then its compile processes may still be starting (seconds after the worker)."""
+        then its compile processes may still be starting (seconds after the worker).
+        Once true, always: late in a run every config left may be queued or started
+        unreported (and those answered are forgotten once waited on), and a worker that
+        took that for a service still starting compiled a register-spilling config
+        itself, for minutes (the outside softmax on an H200)."""
         with self._lock:
-            return bool(self._began) or any(f.done() for f in self._futures.values())
+            return self._warm
 
-    def _unanswered(self, key: Key, now: float) -> dict[str, Any]:
+    def _unanswered(self, key: Key, now: float, overdue: bool = False) -> dict[str, Any]:
+        """A config the service did not answer for. ``overdue``: its compile started more
+        than the time-out and the grace ago, and the service answers other polls: a
+        compile time-out (it fails its trial), since the service answers every compile
+        within its time-out, so this is one that compiles for minutes or one whose answer
+        was lost, and either way the worker must not compile it on its own thread, where
+        nothing bounds it. Otherwise (never started, or a service that answers nothing)
+        it compiles in the worker."""
+        waited = now - self._sent.get(key, now)
+        if overdue and key in self._began:
+            return {"ok": False, "timeout": True,
+                    "reason": f"compile time-out: the compile service on node {self.node} "
+                    f"did not answer for this config within {now - self._began[key]:.0f} s "
+                    f"of its compile's start (its limit: {self.timeout_s:g} s)"}
         return {"ok": False, "reason": f"the compile service on node {self.node} did not "
-                f"answer for this config within {now - self._sent.get(key, now):.0f} s"}
+                f"answer for this config within {waited:.0f} s"}
 
     def submit(self, problem: str, kernel: str, shape: Mapping[str, int], skel: Any,
                configs: Sequence[Mapping[str, Any]], priority: int = AHEAD) -> None:
@@ -623,7 +641,9 @@ class NodeCompiler:
             if began is None:
                 return {"ok": False, "reason": f"not compiled after {waited:.0f} s: queued "
                         f"behind other compiles on node {self.node}"}
-            return {"ok": False, "reason": f"still compiling after {waited:.0f} s"}
+            return {"ok": False, "timeout": True,
+                    "reason": f"compile time-out: still compiling after {waited:.0f} s in the "
+                    f"compile service on node {self.node} (its limit: {self.timeout_s:g} s)"}
         finally:
             with self._lock:
                 if self._futures.get(key) is fut:
@@ -703,6 +723,7 @@ class NodeCompiler:
             for key, age in reply["started"].items():
                 if tuple(key) in self._futures:
                     self._began.setdefault(tuple(key), now - age)
+            self._warm = self._warm or bool(done) or bool(self._began)
             stalled = reply.get("stalled_s", 0.0) > self.timeout_s + self.grace_s
         for fut, out in done:
             _settle(fut, out)
@@ -716,12 +737,12 @@ class NodeCompiler:
         with self._lock:
             overdue = [(k, f) for k, f in self._futures.items() if not f.done() and (
                 self._began[k] + limit <= now if k in self._began else queued)]
-            outs = [(f, self._unanswered(k, now)) for k, f in overdue]
+            outs = [(f, self._unanswered(k, now, overdue=True)) for k, f in overdue]
             started = sum(k in self._began for k, _ in overdue)
         if started:  # said before the worker acts on it
             log.warning("the compile service on node %s did not answer for %d config(s) "
-                        "within %g s of their compile's start: they compile in the worker",
-                        self.node, started, limit)
+                        "within %g s of their compile's start: their trials fail as compile "
+                        "time-outs", self.node, started, limit)
         if len(outs) > started:
             log.warning("the compile service on node %s started no compile for %g s while "
                         "%d config(s) of this worker waited in its queue: they compile in "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from typing import Any
 
@@ -59,8 +60,11 @@ class Fleet(Workers):
         # or not used) rather than loading a binary; see measure.CompileWatch.
         # compiled_here: first configs the worker compiled itself while its node's compile
         # service was still starting (by choice, not a miss).
-        self.first_calls = {"watched": 0, "compiled_in_worker": 0, "ahead_missed": 0,
-                            "compiled_here": 0}
+        # in_worker_why: why those compiled in the worker did (the compile service's
+        # outcome for them, numbers left out), so that a slow run says which path it took.
+        self.first_calls: dict[str, Any] = {"watched": 0, "compiled_in_worker": 0,
+                                            "ahead_missed": 0, "compiled_here": 0,
+                                            "in_worker_why": {}}
         self._groups: dict[str, _Slot] = {}  # Task.group -> the slot its tasks run on
         self._beat = 0.0  # when the kept workers last heard from this run
 
@@ -329,5 +333,10 @@ class Fleet(Workers):
                 self.first_calls["compiled_here"] += 1
             elif extra["first_call_compiled"]:
                 self.first_calls["compiled_in_worker"] += 1
+                pre = extra.get("precompile")
+                why = ("no outcome asked for" if pre is None else
+                       re.sub(r"\d+(\.\d+)?", "N", str(pre.get("reason") or "ok"))[:120])
+                tally = self.first_calls["in_worker_why"]
+                tally[why] = tally.get(why, 0) + 1
                 if (extra.get("precompile") or {}).get("ok"):
                     self.first_calls["ahead_missed"] += 1

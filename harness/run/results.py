@@ -27,7 +27,7 @@ class Summary:
     timing_s: float = 0.0  # of which inside the kernel timer (do_bench)
     timing_fraction: float = math.nan  # timing_s / held_s: 1 - the harness's overhead
     overhead: dict[str, float] = field(default_factory=dict)  # held seconds by phase
-    first_calls: dict[str, int] = field(default_factory=dict)  # Fleet.first_calls
+    first_calls: dict[str, Any] = field(default_factory=dict)  # Fleet.first_calls
     timeline: dict[str, float] = field(default_factory=dict)  # wall seconds at each step
     #: hardware key -> its first worker's start-up by step, seconds (Worker.startup_s)
     worker_startup: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -82,7 +82,8 @@ def fleet_metrics(summary: Summary) -> dict[str, float]:
         "timing_fraction": summary.timing_fraction, "workers_replaced": summary.replaced,
         "workers_reused": summary.reused, "trials_retried": summary.retried,
         **{f"held_{k}_s": v for k, v in summary.overhead.items()},
-        **{f"first_calls_{k}": v for k, v in summary.first_calls.items()}}
+        **{f"first_calls_{k}": v for k, v in summary.first_calls.items()
+           if isinstance(v, (int, float))}}
 
 
 def logger_stats(stats: dict[str, float], t0: float) -> dict[str, float]:
