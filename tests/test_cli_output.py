@@ -463,3 +463,48 @@ def test_help_is_plain_text():
         text = p.format_help() + p.format_usage()
         assert "``" not in text and ":func:" not in text, p.prog
     assert "The kharness command" not in parsers[0].format_help()
+
+
+def test_final_rounds_stop_timing_a_finalist_far_behind_and_baselines_after_three():
+    """Five rounds: a finalist 10 % behind the best in each of its first two is not sent
+    again (its two samples stay, and it is no tie); one 1 % behind is timed in all five;
+    the baselines in the first three; the phase ends with every sent task counted."""
+    from types import SimpleNamespace
+
+    from harness import experiment
+    from harness.measure.timing import TrialResult
+    from harness.run import remeasure, schedule
+
+    exp = experiment.Experiment(name="x", kernel="matmul",
+                                shapes=[{"M": 256, "N": 256, "K": 256}],
+                                search={"remeasure_rounds": 5})
+    (study,) = experiment.ExperimentPlan.checked("x.yaml", exp).for_hardware(["H100"]).studies
+    top = [({"BLOCK_M": 64}, {"latency_ms": 1.0}),
+           ({"BLOCK_M": 128, "BLOCK_N": 64}, {"latency_ms": 1.01}),
+           ({"BLOCK_M": 128, "BLOCK_N": 128}, {"latency_ms": 1.1})]
+    search = SimpleNamespace(best=lambda: top[0], space={"BLOCK_M": [64, 128]},
+                             top=lambda k: top[:k], set_attr=lambda *a: None,
+                             require_accuracy=lambda r: r)
+    st = schedule.StudyState(study, search, "r", {}, want_compile=True)
+    schedule.start_remeasure(exp, st)
+    keys = [c.config for c in st.candidates]
+    far = keys.index({"BLOCK_M": 128, "BLOCK_N": 128})
+    near = keys.index({"BLOCK_M": 128, "BLOCK_N": 64})
+    done: list = []
+    sched = schedule.Scheduler([exp], None, [st], on_result=lambda t, r: None,
+                               on_done=done.append)
+    sent: dict = {}
+    while st.remeasure_todo:
+        task = st.remeasure_todo.pop(0)
+        kind, _, i, _round = task.tag
+        sent[(kind, i)] = sent.get((kind, i), 0) + 1
+        ms = {far: 1.1, near: 1.01}.get(i, 1.0) if kind == "remeasure" else 3.0
+        sched._result(task, TrialResult(ok=True, latency_ms=ms))
+    assert sent[("remeasure", far)] == remeasure.PRUNE_ROUNDS
+    assert sent[("remeasure", near)] == 5 and sent[("remeasure", 0)] == 5
+    assert sent[("baseline", "eager")] == sent[("baseline", "compile")] == 3
+    assert done == [st] and st.phase == "done" and st.remeasure_left == 0
+    assert st.eager["rounds"] == 3
+    win, _ = remeasure.pick(st.candidates)
+    assert win.config == {"BLOCK_M": 64} or win.config == keys[near]
+    assert remeasure.outclassed(st.candidates) == [far]

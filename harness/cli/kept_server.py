@@ -256,9 +256,9 @@ def _let_go() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader that stopped reading
             stream.flush()
-    from harness.cli.run_command import let_go_of_stdout
+    from harness.cli import json_stdout
 
-    let_go_of_stdout()
+    json_stdout.let_go()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)

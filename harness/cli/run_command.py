@@ -9,7 +9,6 @@ import contextlib
 import os
 import signal
 import sqlite3
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,9 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from harness.cli import kept_driver
+from harness.cli import json_stdout, kept_driver
 from harness.cli.summary import WIDTH, print_campaign, print_summary
-from harness.tracking import jsonsafe
 from harness.tracking.redact import redact
 
 EXIT_BAD_INPUT = 2
@@ -108,7 +106,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             console.print(replaced_by_fresh(before), markup=False, highlight=False)
     env = dict(os.environ)  # as the command got it: what a kept driver for it is keyed on
     if args.json:
-        _json_alone_on_stdout()
+        json_stdout.keep_apart()
     _ray_auth_mode()
     _stop_on_signals()
     import harness
@@ -155,7 +153,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             for s in [result.fleet, *(e.summary for e in result.experiments)]:
                 s.wall_s = time.monotonic() - s.t0
             _redact_campaign(result)
-            _emit_json({**campaign_json(result), "stopped": stopped})
+            json_stdout.emit({**campaign_json(result), "stopped": stopped})
         elif args.json:
             summary.wall_s = time.monotonic() - summary.t0
             _print_json(summary, stopped=stopped)
@@ -187,7 +185,7 @@ def _campaign_done(args: argparse.Namespace, result: Any, console: Console) -> i
     study froze nothing."""
     _redact_campaign(result)
     if args.json:
-        _emit_json(campaign_json(result))
+        json_stdout.emit(campaign_json(result))
     else:
         print_campaign(_stdout(), result, quiet=args.quiet)
     for entry in result.experiments:
@@ -202,43 +200,7 @@ def _campaign_done(args: argparse.Namespace, result: Any, console: Console) -> i
 def _print_json(summary: Any, **extra: Any) -> None:
     """The run's ``--json`` object on stdout, redacted (``extra``: more of its keys)."""
     _redact(summary)
-    _emit_json({**summary_json(summary), **extra})
-
-
-#: ``--json``: the command's own stdout, where the object alone goes (see below).
-_JSON_FD: list[int] = []
-
-
-def _json_alone_on_stdout() -> None:
-    """``--json``: the object is all that stdout gets. Ray relays its workers' and
-    daemons' messages to the driver's stdout (at a stop, the autoscaler's traceback came
-    ahead of the object): from here on whatever is printed to stdout goes to stderr, and
-    the object to the command's stdout, kept aside."""
-    if sys.stdout is not sys.__stdout__:  # captured in-process (tests): nothing to keep apart
-        return
-    sys.stdout.flush()
-    _JSON_FD.append(os.dup(1))
-    os.dup2(2, 1)
-
-
-def let_go_of_stdout() -> None:
-    """The command's stdout kept aside for ``--json`` and not used (a run that ended in
-    an error), closed: a kept driver gives the command's descriptors back."""
-    while _JSON_FD:
-        with contextlib.suppress(OSError):
-            os.close(_JSON_FD.pop())
-
-
-def _emit_json(obj: Any) -> None:
-    """The ``--json`` object, on the command's stdout; its descriptor is closed after, so
-    that a reader of the command's output sees it end with the object."""
-    text = jsonsafe.dumps(obj, default=str, indent=1) + "\n"
-    if not _JSON_FD:
-        print(text, end="", flush=True)
-        return
-    sys.stdout.flush()
-    with os.fdopen(_JSON_FD.pop(), "w", encoding="utf-8") as out:
-        out.write(text)
+    json_stdout.emit({**summary_json(summary), **extra})
 
 
 def _redact_campaign(result: Any) -> None:

@@ -73,7 +73,9 @@ class SearchSettings(_Strict):
         "interpreter, whose timings mean nothing)")
     remeasure_rounds: int = Field(
         5, ge=1, le=20, description="re-measurements of each of them (five: a median that one "
-        "or two disturbed measurements, such as a GPU's clock dipping, do not move)")
+        "or two disturbed measurements, such as a GPU's clock dipping, do not move); one "
+        "6 % behind the fastest in each of its first two is timed no further, and the "
+        "baselines are timed in the first three")
     remeasure_rep_ms: float = Field(
         60.0, gt=0, description="do_bench's rep budget of each re-measurement (ms; at "
         "least timing.rep_ms): they decide between configs a few percent apart, which a "

@@ -168,6 +168,37 @@ def best_estimates(search: Mapping[str, float],
     return out
 
 
+#: A finalist slower than the best by more than ``PRUNE_GAP`` in each of its first
+#: ``PRUNE_ROUNDS`` same-round pairs is timed no further: twice the widest tie band, it
+#: cannot come out within noise of the winner, and its later rounds only held the GPU
+#: (a quickstart on an H200 spent 5.4 of its 7.2 s in its final rounds, most of them
+#: finalists 2-10x the best of a 7 us kernel).
+PRUNE_GAP = 2 * MAX_NOISE
+PRUNE_ROUNDS = 2
+#: The baselines (eager, torch.compile, a default config that is no finalist) are timed
+#: in the first this many rounds only: their figure is a speed-up shown to a user, not
+#: a choice between configs a percent apart (the bench, likewise, times 3 rounds).
+BASELINE_ROUNDS = 3
+
+
+def outclassed(cands: Sequence[Candidate]) -> list[int]:
+    """The finalists to time no further (their indices): those ``PRUNE_GAP`` slower than
+    the best so far in each of at least ``PRUNE_ROUNDS`` rounds they were timed in side
+    by side. Never the best; what they measured stays, and ``pick`` still reads it."""
+    timed = [c for c in cands if c.samples]
+    if len(timed) < 2:
+        return []
+    best = min(timed, key=lambda c: c.median)
+    out = []
+    for i, c in enumerate(cands):
+        if c is best or not c.samples:
+            continue
+        ratios = _same_round_ratios(c, best)
+        if len(ratios) >= PRUNE_ROUNDS and min(ratios) > 1 + PRUNE_GAP:
+            out.append(i)
+    return out
+
+
 def footprint(config: Mapping[str, Any]) -> tuple:
     """A config's resource use, for ties: pipeline stages, warps, tile area, then the
     config's key (total order). The area multiplies the ``BLOCK_*`` values above 1: a

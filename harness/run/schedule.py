@@ -184,7 +184,7 @@ def remeasure_tasks(exp: experiment.Experiment, st: Any,
             out.append(Task(spec.hardware, "measure",
                             (spec.kernel, spec.shape, spec.dtype, st.candidates[i].config, 0,
                              *longer), ("remeasure", st, i, round_), group=group))
-        for name, cand in st.baselines.items():
+        for name, cand in st.baselines.items() if round_ < remeasure.BASELINE_ROUNDS else ():
             if name == "default":
                 args: tuple = (spec.kernel, spec.shape, spec.dtype, cand.config, 0, *longer)
                 method = "measure"
@@ -452,6 +452,8 @@ class Scheduler:
                 result = st.search.require_accuracy(result)
             if result.ok:
                 cand.add(result.latency_ms, round_, result.to_dict())
+                if kind == "remeasure":
+                    self._prune(st)
             else:
                 cand.failures.append(result.reason)
                 if kind == "baseline":
@@ -465,6 +467,16 @@ class Scheduler:
             self.times["last_trial"] = time.monotonic()
         self.on_result(task, result)
         self._advance(st)
+
+    @staticmethod
+    def _prune(st: StudyState) -> None:
+        """Finalists clearly behind the best (``remeasure.outclassed``): their rounds not
+        yet sent are dropped."""
+        out = set(remeasure.outclassed(st.candidates))
+        keep = [t for t in st.remeasure_todo
+                if not (t.tag[0] == "remeasure" and t.tag[2] in out)]
+        st.remeasure_left -= len(st.remeasure_todo) - len(keep)
+        st.remeasure_todo = keep
 
     @staticmethod
     def _drop_rounds(st: StudyState, name: str) -> None:
