@@ -283,26 +283,34 @@ def test_baselines_come_after_the_search_in_its_final_rounds(tmp_path):
     assert metrics["speedup_vs_eager"] == 4.0 and metrics["speedup_vs_default"] == 1.5
 
 
-def test_a_baseline_that_fails_a_round_is_not_timed_again():
-    """A torch.compile that hangs costs a worker and a trial time-out: its later rounds
-    are not sent, and the study's final phase still ends, the baseline a failure."""
+def _final_phase(rounds: int, top: list) -> tuple:
+    """An experiment of ``rounds`` final rounds and a study of it on an H100 whose search
+    found ``top`` (config, result), in its final phase with the torch.compile baseline."""
     from types import SimpleNamespace
 
     from harness import experiment
-    from harness.measure.timing import TrialResult
     from harness.run import schedule
 
     exp = experiment.Experiment(name="x", kernel="matmul",
                                 shapes=[{"M": 256, "N": 256, "K": 256}],
-                                search={"remeasure_rounds": 3})
+                                search={"remeasure_rounds": rounds})
     (study,) = experiment.ExperimentPlan.checked("x.yaml", exp).for_hardware(["H100"]).studies
-    top = [({"BLOCK_M": 64}, {"latency_ms": 1.0}),
-           ({"BLOCK_M": 128, "BLOCK_N": 64}, {"latency_ms": 1.1})]
     search = SimpleNamespace(best=lambda: top[0], space={"BLOCK_M": [64, 128]},
                              top=lambda k: top[:k], set_attr=lambda *a: None,
                              require_accuracy=lambda r: r)
     st = schedule.StudyState(study, search, "r", {}, want_compile=True)
     schedule.start_remeasure(exp, st)
+    return exp, st
+
+
+def test_a_baseline_that_fails_a_round_is_not_timed_again():
+    """A torch.compile that hangs costs a worker and a trial time-out: its later rounds
+    are not sent, and the study's final phase still ends, the baseline a failure."""
+    from harness.measure.timing import TrialResult
+    from harness.run import schedule
+
+    exp, st = _final_phase(3, [({"BLOCK_M": 64}, {"latency_ms": 1.0}),
+                               ({"BLOCK_M": 128, "BLOCK_N": 64}, {"latency_ms": 1.1})])
     done: list = []
     sched = schedule.Scheduler([exp], None, [st], on_result=lambda t, r: None,
                                on_done=done.append)
@@ -469,24 +477,12 @@ def test_final_rounds_stop_timing_a_finalist_far_behind_and_baselines_after_thre
     """Five rounds: a finalist 10 % behind the best in each of its first two is not sent
     again (its two samples stay, and it is no tie); one 1 % behind is timed in all five;
     the baselines in the first three; the phase ends with every sent task counted."""
-    from types import SimpleNamespace
-
-    from harness import experiment
     from harness.measure.timing import TrialResult
     from harness.run import remeasure, schedule
 
-    exp = experiment.Experiment(name="x", kernel="matmul",
-                                shapes=[{"M": 256, "N": 256, "K": 256}],
-                                search={"remeasure_rounds": 5})
-    (study,) = experiment.ExperimentPlan.checked("x.yaml", exp).for_hardware(["H100"]).studies
-    top = [({"BLOCK_M": 64}, {"latency_ms": 1.0}),
-           ({"BLOCK_M": 128, "BLOCK_N": 64}, {"latency_ms": 1.01}),
-           ({"BLOCK_M": 128, "BLOCK_N": 128}, {"latency_ms": 1.1})]
-    search = SimpleNamespace(best=lambda: top[0], space={"BLOCK_M": [64, 128]},
-                             top=lambda k: top[:k], set_attr=lambda *a: None,
-                             require_accuracy=lambda r: r)
-    st = schedule.StudyState(study, search, "r", {}, want_compile=True)
-    schedule.start_remeasure(exp, st)
+    exp, st = _final_phase(5, [({"BLOCK_M": 64}, {"latency_ms": 1.0}),
+                               ({"BLOCK_M": 128, "BLOCK_N": 64}, {"latency_ms": 1.01}),
+                               ({"BLOCK_M": 128, "BLOCK_N": 128}, {"latency_ms": 1.1})])
     keys = [c.config for c in st.candidates]
     far = keys.index({"BLOCK_M": 128, "BLOCK_N": 128})
     near = keys.index({"BLOCK_M": 128, "BLOCK_N": 64})
