@@ -385,3 +385,28 @@ def test_gpu_lookback_repeats_on_a_poisoned_workspace(carry, device):
         torch.cuda.synchronize()
         assert torch.isfinite(out).all()
         assert (out - ref).abs().max() <= 1e-4
+
+
+def test_fp32_studies_prune_16_bit_states_statically():
+    """A 16-bit state can never meet fp32 inputs' accuracy: an fp32 study's valid set
+    holds no such config (they cost no trial), a bf16 study's keeps them."""
+    from harness import experiment
+
+    exp = experiment.Experiment(
+        name="ssd", kernel="mamba2_ssd", shapes=[{"b": 1, "L": 256, "h": 2, "p": 16, "g": 1,
+                                                  "n": 16}],
+        dtypes=["fp32", "bf16"],
+        search_space={"params": {"IMPL": ["fused"], "STATE_DTYPE": ["fp32", "fp16", "bf16"],
+                                 "CHUNK_SIZE": [64], "num_warps": [4], "num_stages": [1]}})
+    fp32, bf16 = experiment.ExperimentPlan.checked("ssd.yaml", exp).for_hardware(
+        ["H100"]).studies
+    assert fp32.spec.dtype == "fp32" and bf16.spec.dtype == "bf16"
+
+    def states(study) -> set:
+        valid = study.valid()
+        return {c["STATE_DTYPE"] for c in valid.grid_configs()
+                if valid.index(c) is not None and valid.reason(valid.index(c)) is None}
+
+    assert states(fp32) == {"fp32"}
+    assert states(bf16) == {"fp32", "fp16", "bf16"}
+    assert "fp32 accuracy" in fp32.check({"STATE_DTYPE": "fp16"})

@@ -97,8 +97,8 @@ class StudyPlan:
     def check(self, config: Mapping[str, Any]) -> str | None:
         """Why ``config`` (over the family's defaults) cannot run at the study's shape
         on its device (static pruning), or None."""
-        return self.family.check_config({**self.family.default_config, **config},
-                                        self.spec.shape, self.device)
+        return self.family.check({**self.family.default_config, **config},
+                                 self.spec.shape, self.spec.dtype, self.device)
 
     def valid(self, exact_limit: int = EXACT_LIMIT) -> ValidSpace:
         """The configs of the space that pass ``check``, numbered in the seed's order."""

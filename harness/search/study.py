@@ -113,8 +113,8 @@ class Search:
             self.strategy.tell(point, outcome)
 
     def _kernel_check(self, config: Mapping[str, Any]) -> str | None:
-        return self.kernel.check_config({**self.default_config, **config}, self.spec.shape,
-                                        self.device)
+        return self.kernel.check({**self.default_config, **config}, self.spec.shape,
+                                 self.spec.dtype, self.device)
 
     # -- resume ---------------------------------------------------------------------
     def _resume(self) -> None:

@@ -260,7 +260,8 @@ def _never_asked(meta: Mapping[str, Any], space: Mapping[str, Sequence[Any]],
         config = dict(zip(space, values, strict=True))
         if config_key(config) in records:
             continue
-        reason = fam.check_config({**fam.default_config, **config}, meta["shape"], device)
+        reason = fam.check({**fam.default_config, **config}, meta["shape"], meta["dtype"],
+                           device)
         if reason:
             out.append({"config": config, "status": "pruned",
                         "reason": str(reason).splitlines()[0][:200]})

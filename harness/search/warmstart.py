@@ -58,8 +58,8 @@ def seeds_from_packs(packs_dir: str | Path, kernel: Kernel, dtype: str, hardware
         point = {k: config.get(k) for k in space}
         if any(point[k] not in space[k] for k in space):
             continue  # outside this study's space
-        if kernel.check_config({**kernel.default_config, **point}, shape, device):
-            continue  # cannot run here (shared memory, TMA, ...)
+        if kernel.check({**kernel.default_config, **point}, shape, dtype, device):
+            continue  # cannot run here (shared memory, TMA, ...) or meet dtype's accuracy
         key = repr(sorted(point.items()))
         if key not in seen:
             seen.add(key)
