@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +48,17 @@ def _library(rows: list[dict], tuned: float | None) -> str:
     short = name.split(" (", 1)[0]
     note = " (yardstick)" if "not the same result" in name else ""
     return f"{_ratio(ms, tuned)} {short}{note}"
+
+
+def _precision_on_gpu(kernel: str, config: dict, dtype: str) -> str:
+    """A family's precision for ``config`` as a GPU runs it: some depend on where they
+    run (fp32 dots: tf32x3 on a GPU, IEEE under Triton's interpreter)."""
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        return kernel_api.get(kernel).precision(config, dtype)
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 def _costs(rep: dict) -> list[str]:
@@ -105,9 +117,10 @@ def section(results: Path = ROOT / "benchmarks" / "results") -> str:
 
             tuned = med("tuned")
             err = rows.get("tuned", {}).get("max_abs_err")
-            # Results saved before rows carried their precision: the pack config's.
-            prec = rows.get("tuned", {}).get("precision") or kernel_api.get(
-                case["kernel"]).precision(case.get("pack_config") or {}, case["dtype"])
+            # Results saved before rows carried their precision: the pack config's, as
+            # the bench's GPU ran it (never as this process would, under the interpreter).
+            prec = rows.get("tuned", {}).get("precision") or _precision_on_gpu(
+                case["kernel"], case.get("pack_config") or {}, case["dtype"])
             lines.append(
                 f"| {case['kernel']} | {case['shape_name']} | {case['dtype']} | {prec} | "
                 f"{_ms(tuned)} | "

@@ -230,6 +230,12 @@ def test_the_next_command_runs_in_the_kept_driver_the_last_run_left(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "bad.yaml" in proc.stderr and "search.trials" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+    # Each kept driver starts its reserve as it becomes ready: the one that ran kd2 had
+    # one prepared, which took the socket as kd2 came and ran this command.
+    logs = "".join(p.read_text() for p in Path(head.base).glob("kharness-*/*.log"))
+    (bad,) = re.findall(r"pid (\d+): running `kharness run bad.yaml`", logs)
+    assert re.search(rf"pid {bad}: ready in [\d.]+ s on .*; a reserve, waiting for its turn",
+                     logs), logs
 
     def long_run(name: str) -> subprocess.Popen:
         """A long run handed over, once its trials are under way."""

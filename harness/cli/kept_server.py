@@ -2,11 +2,12 @@
 
 ``python -m harness.cli.kept_server --socket PATH --keep-s S`` binds this directory's and
 environment's socket at once (a command that comes meanwhile waits in its backlog),
-imports what a run imports, joins the cluster, then waits up to S seconds for one
-command. It takes the command, hands its listening socket to a successor it starts,
-runs the command as ``kharness`` would (the command's directory, environment and
-terminal), sends back the exit status and ends. A second standby for the same socket
-ends at once (a lock file says which one serves).
+imports what a run imports, joins the cluster, starts its reserve (the next standby,
+which prepares at once and waits for its turn), then waits up to S seconds for one
+command. It takes the command, hands its listening socket to the reserve, runs the
+command as ``kharness`` would (the command's directory, environment and terminal), sends
+back the exit status and ends. A second standby for the same socket ends at once (a lock
+file says which one serves).
 """
 
 from __future__ import annotations
@@ -45,17 +46,56 @@ def _lock(path: Path) -> int | None:
     return fd
 
 
-def spawn(keep_s: float, path: Path, env: dict[str, str], listen_fd: int | None = None) -> None:
+def spawn(keep_s: float, path: Path, env: dict[str, str], listen_fd: int | None = None,
+          turn_fd: int | None = None) -> subprocess.Popen:
     """Start a standby for the socket ``path`` with the environment ``env``, in a
-    session of its own (it outlives the command); its output goes to ``<socket>.log``."""
+    session of its own (it outlives the command); its output goes to ``<socket>.log``.
+    ``turn_fd``: it is a reserve, which prepares at once and takes the socket when told
+    on that pipe (``_turn``)."""
     cmd = [sys.executable, "-m", "harness.cli.kept_server", "--socket", str(path),
            "--keep-s", f"{keep_s:g}"]
+    fds = tuple(fd for fd in (listen_fd, turn_fd) if fd is not None)
     if listen_fd is not None:
         cmd += ["--listen-fd", str(listen_fd)]
+    if turn_fd is not None:
+        cmd += ["--turn-fd", str(turn_fd)]
     with open(path.with_suffix(".log"), "ab") as log:
-        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True, cwd=os.getcwd(), env=env,
-                         pass_fds=() if listen_fd is None else (listen_fd,))
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=os.getcwd(), env=env, pass_fds=fds)
+
+
+#: What a standby tells its reserve: take the socket now, or end (no command came).
+GO, QUIT = b"g", b"q"
+
+
+def _reserve(keep_s: float, path: Path, env: dict[str, str], listener: socket.socket
+             ) -> tuple[subprocess.Popen, int]:
+    """The next standby, started as this one becomes ready, so that it has prepared by
+    the time a command takes this one: commands run back to back (a run of 7 s on an
+    H200) found the successor started at the previous command still importing, 2 s
+    before their first trial. It shares the listening socket and waits on a pipe
+    (returned: its write end) for its turn."""
+    read, write = os.pipe()
+    proc = spawn(keep_s, path, env, listener.fileno(), read)
+    os.close(read)
+    return proc, write
+
+
+def _tell(fd: int, what: bytes) -> None:
+    with contextlib.suppress(OSError):  # a reserve that ended (it found no cluster)
+        os.write(fd, what)
+    os.close(fd)
+
+
+def _turn(fd: int) -> bool:
+    """A reserve's wait for its turn: True when told to go, or when its standby ended
+    without a word (killed: the socket needs a server); False when told to end."""
+    try:
+        said = os.read(fd, 1)
+    finally:
+        os.close(fd)
+    return said != QUIT
 
 
 def ensure(keep_s: float, env: dict[str, str]) -> bool:
@@ -174,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                    "this directory and the command's environment)")
     p.add_argument("--keep-s", type=float, required=True)
     p.add_argument("--listen-fd", type=int)
+    p.add_argument("--turn-fd", type=int, help="a reserve: its standby says on this pipe "
+                   "when it takes the socket")
     args = p.parse_args(argv)
     started = time.monotonic()
     _LOG["fd"] = os.dup(1)
@@ -182,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     # with SIGINT ignored would keep that).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     path = args.socket
-    lock = _lock(path)
-    if lock is None:
+    reserve = args.turn_fd is not None
+    lock = None if reserve else _lock(path)
+    if lock is None and not reserve:
         _say("another kept driver serves this socket; ending")
         return 0
     listener = _listen(path, args.listen_fd)
@@ -194,22 +237,36 @@ def main(argv: list[str] | None = None) -> int:
         listener.close()
         return 0
     ready_at = time.monotonic()
-    _say(f"ready in {ready_at - started:.1f} s on {where}; waiting {args.keep_s:g} s for a "
-         "command")
+    prepared_s = ready_at - started
+    if reserve:
+        _say(f"ready in {prepared_s:.1f} s on {where}; a reserve, waiting for its turn")
+        lock = _lock(path) if _turn(args.turn_fd) else None
+        if lock is None:
+            _say("its standby ended without a command, or another serves; ending")
+            listener.close()
+            return 0
+        ready_at = time.monotonic()  # idle from its turn
+    nxt, turn = _reserve(args.keep_s, path, env, listener)
+    _say(f"ready in {prepared_s:.1f} s on {where}; waiting {args.keep_s:g} s for a command")
     taken = _command(listener, args.keep_s)
     if taken is None:
         _say("no command came; ending")
+        _tell(turn, QUIT)
         with contextlib.suppress(OSError):
             if os.stat(path).st_ino == bound:  # not a later standby's
                 path.unlink()
         return 0
     conn, request, fds = taken
-    # The successor first, on this listening socket: the next command waits in its
-    # backlog while it starts, never in a gap between two standbys.
+    # The reserve takes this listening socket at once: the next command waits in its
+    # backlog at most until it is told, never in a gap between two standbys.
     os.close(lock)
-    spawn(args.keep_s, path, env, listener.fileno())
+    if nxt.poll() is None:
+        _tell(turn, GO)
+    else:  # it ended (its log says why): a successor starts now instead
+        os.close(turn)
+        spawn(args.keep_s, path, env, listener.fileno())
     listener.close()
-    served = {"pid": os.getpid(), "ready_s": round(ready_at - started, 2),
+    served = {"pid": os.getpid(), "ready_s": round(prepared_s, 2),
               "idle_s": round(time.monotonic() - ready_at, 2)}
     from harness.tracking.redact import redact
 
