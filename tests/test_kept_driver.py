@@ -122,3 +122,18 @@ def test_messages_and_descriptors_cross_the_socket(tmp_path: Path) -> None:
         a.close()
         assert kept_driver.receive(b) == (None, [])
     assert out.read_text() == "through the passed descriptor"
+
+
+def test_a_run_served_by_a_kept_driver_starts_no_other(monkeypatch) -> None:
+    """A run in its own process leaves a kept driver for the next command; one a kept
+    driver serves does not (that driver's reserve takes the socket)."""
+    from harness.cli import kept_server, run_command
+
+    started: list = []
+    monkeypatch.setattr(kept_server, "ensure", lambda keep_s, env: started.append(keep_s))
+    monkeypatch.setattr(kept_driver, "SERVED", {})
+    run_command._keep_driver(60.0, {})
+    assert started == [60.0]
+    monkeypatch.setattr(kept_driver, "SERVED", {"pid": 1, "ready_s": 1.0, "idle_s": 0.0})
+    run_command._keep_driver(60.0, {})
+    assert started == [60.0]

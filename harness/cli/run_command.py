@@ -172,8 +172,10 @@ def _keep_driver(keep_s: float, env: dict[str, str]) -> None:
     """A run that keeps its workers leaves a kept driver for the next command from here
     (``harness.cli.kept_driver``), unless one waits already. Started with the run, so
     that it is ready when the run ends; where the run has no cluster that outlives it,
-    it finds so and ends."""
-    if keep_s and kept_driver.enabled(env):
+    it finds so and ends. A run a kept driver serves leaves none: that driver's reserve
+    takes the socket, and a standby started here could take its lock first (the reserve
+    would end, and the next command wait for this one's imports)."""
+    if keep_s and kept_driver.enabled(env) and not kept_driver.SERVED:
         from harness.cli import kept_server
 
         kept_server.ensure(keep_s, env)
