@@ -382,6 +382,10 @@ class Kernel(ABC):
         """
         return None
 
+    def is_default(self, config: Config) -> bool:
+        """Whether ``config``, over the family's defaults, is its default config."""
+        return {**self.default_config, **config} == dict(self.default_config)
+
     def check_dtype(self, config: Config, dtype: str) -> str | None:
         """Why ``config`` can never meet the accuracy of ``dtype`` inputs by construction
         (None if it may): a state stored in fp16 for fp32 inputs, say. Static pruning as

@@ -157,12 +157,11 @@ def bench_case(case: Case, measurer: Measurer, peaks: dict[str, float], hw: str,
     for r in rows:
         r["tuned_speedup"] = (r["median_ms"] / tuned_ms
                               if r["ok"] and tuned_ms == tuned_ms else math.nan)
-    same = ({**fam.default_config, **hit.config} == dict(fam.default_config))
     return {"kernel": fam.name, "shape_name": case.shape_name, "shape": fam.shape_key(shape),
             "dtype": case.dtype, "pack_config": hit.config, "pack_source": hit.source,
             "roofline_ms": bound, "flops": fam.flops(shape), "rounds": max(1, rounds),
             "bytes": fam.bytes_moved(shape, case.dtype), "rows": rows,
-            "vs_default": vs_default(rows, same)}
+            "vs_default": vs_default(rows, fam.is_default(hit.config))}
 
 
 def vs_default(rows: list[dict[str, Any]], same_config: bool) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,7 +224,7 @@ def searched_default(st: StudyState) -> dict[str, Any] | None:
     asks it first), None where it did not measure it successfully."""
     fam = st.family
     for cfg, res in st.search.top(10**9):
-        if {**fam.default_config, **cfg} == dict(fam.default_config):
+        if fam.is_default(cfg):
             return dict(res)
     return None
 
@@ -287,8 +287,8 @@ def finish_baselines(st: StudyState) -> dict[str, dict[str, Any]]:
             out[name] = TrialResult(ok=False, reason=reason).to_dict()
     if st.default_config is not None:
         fam = st.family
-        mine = next((c for c in st.candidates if c.samples and {
-            **fam.default_config, **c.config} == dict(fam.default_config)), None)
+        mine = next((c for c in st.candidates if c.samples and fam.is_default(c.config)),
+                    None)
         if mine is not None:
             out["default"] = {**mine.median_result, "latency_ms": mine.median,
                               "rounds": len(mine.samples)}
@@ -469,24 +469,22 @@ class Scheduler:
         self._advance(st)
 
     @staticmethod
-    def _prune(st: StudyState) -> None:
-        """Finalists clearly behind the best (``remeasure.outclassed``): their rounds not
-        yet sent are dropped."""
-        out = set(remeasure.outclassed(st.candidates))
-        keep = [t for t in st.remeasure_todo
-                if not (t.tag[0] == "remeasure" and t.tag[2] in out)]
+    def _drop_unsent(st: StudyState, kind: str, names: Collection[Any]) -> None:
+        """The final-phase tasks of ``kind`` for ``names`` not sent yet are not sent."""
+        keep = [t for t in st.remeasure_todo if not (t.tag[0] == kind and t.tag[2] in names)]
         st.remeasure_left -= len(st.remeasure_todo) - len(keep)
         st.remeasure_todo = keep
 
-    @staticmethod
-    def _drop_rounds(st: StudyState, name: str) -> None:
+    def _prune(self, st: StudyState) -> None:
+        """Finalists clearly behind the best (``remeasure.outclassed``): their rounds not
+        yet sent are dropped."""
+        self._drop_unsent(st, "remeasure", set(remeasure.outclassed(st.candidates)))
+
+    def _drop_rounds(self, st: StudyState, name: str) -> None:
         """A baseline failed a round: its later rounds are not sent. Its failure is an
         error that repeats, or a hang that would cost a worker and a trial time-out per
         round (a torch.compile that never finishes) and hold the study's GPU meanwhile."""
-        keep = [t for t in st.remeasure_todo
-                if not (t.tag[0] == "baseline" and t.tag[2] == name)]
-        st.remeasure_left -= len(st.remeasure_todo) - len(keep)
-        st.remeasure_todo = keep
+        self._drop_unsent(st, "baseline", {name})
 
     def _finish(self, st: StudyState) -> None:
         """The study's final phase is over: its baselines are known."""
