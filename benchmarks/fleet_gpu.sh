@@ -105,7 +105,7 @@ if want quickstart; then
   fleet_down
 fi
 if want softmax; then
-  for gpus in 0 "$ALL_GPUS"; do
+  for gpus in $(printf '%s\n' 0 "$ALL_GPUS" | uniq); do  # once where GPUS=1
     n=$(echo "$gpus" | tr ',' '\n' | wc -l)
     dir="$WORK/softmax$n"; mkdir -p "$dir"
     cp "$ROOT/benchmarks/outside/mymod.py" "$ROOT/benchmarks/outside/softmax_12.yaml" "$dir/"
