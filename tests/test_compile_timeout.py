@@ -607,3 +607,24 @@ def test_the_service_as_a_ray_actor_answers_a_time_out_and_the_next_config(
 def test_the_module_constants_agree() -> None:
     assert fleet_compile.PRECOMPILE_WAIT_S == (fleet_compile.COMPILE_TIMEOUT_S
                                                + fleet_compile.ANSWER_GRACE_S)
+
+
+def test_a_prebuild_leaves_the_child_s_inputs_to_the_configs_after_it(monkeypatch) -> None:
+    """A child that built a problem's torch.compile baseline (no skeleton sent) compiles
+    that problem's configs next against the inputs their skeleton describes."""
+    from harness.fleet import compile_child
+
+    seen: list[Any] = []
+    monkeypatch.setattr(Faulty, "compile_only",
+                        lambda self, inputs, shape, config: seen.append(inputs))
+    monkeypatch.setattr(compile_child, "_prebuild", lambda *a: None)
+    monkeypatch.setattr(compile_child, "_CHILD", {})
+    problem = problem_key(FAULTY, SHAPE, "fp32", 7)
+    prebuild = {compile_child.PREBUILD: "torch.compile", "dtype": "fp32", "seed": 7}
+    assert compile_child._compile_in_child(FAULTY, SHAPE, problem, None, prebuild)["ok"]
+    out = compile_child._compile_in_child(FAULTY, SHAPE, problem, _skel(), _cfg())
+    assert out["ok"], out
+    assert len(seen) == 1 and tuple(seen[0]["x"].shape) == (SHAPE["N"],)
+    # A config sent with no skeleton for a problem this child never saw says so.
+    out = compile_child._compile_in_child(FAULTY, SHAPE, "elsewhere", None, _cfg())
+    assert not out["ok"] and "no input layouts" in out["reason"]

@@ -174,7 +174,11 @@ def _compile_in_child(kernel: str, shape: dict, problem: str, skel: Any, config:
         from harness.kernel import api as kernel_api
 
         fam = kernel_api.get(kernel)
-        if problem not in _CHILD:
+        # A prebuild carries no skeleton (it builds real inputs): it must not stand in for
+        # the problem's inputs, or every later config of it here compiles against None.
+        if not config.get(PREBUILD) and _CHILD.get(problem) is None:
+            if skel is None:
+                raise ValueError(f"no input layouts sent for {problem}")
             while len(_CHILD) >= 2:
                 _CHILD.pop(next(iter(_CHILD)))
             _CHILD[problem] = materialise(skel)
