@@ -178,6 +178,8 @@ def donor_seeds(table: rp.Table, others: list[rp.Table],
         if o is table or (o.data["kernel"], o.data["dtype"]) != (table.data["kernel"],
                                                                   table.data["dtype"]):
             continue
+        if (o.data["hardware"], o.data["shape"]) == (hw, shape):
+            continue  # the same case swept over another space: its winner is no pack's
         if other_gpu and o.data["hardware"] == hw:
             continue
         point = {k: o.optimum.get(k) for k in table.space}

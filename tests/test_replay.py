@@ -268,7 +268,7 @@ def test_export_round_trip(tmp_path: Path, sqlite_copy) -> None:
     sqlite_copy(tmp_path / "optuna.db", runs / "sweep-test" / "optuna.db")
     assert rp.main(["export-all", "--runs", str(runs), "--out", str(tmp_path / "tables")]) == 0
     files = list((tmp_path / "tables" / "H200").glob("*.json"))
-    assert [f.name for f in files] == ["matmul__M64_N64_K64__bf16.json"]
+    assert [f.name for f in files] == ["matmul__M64_N64_K64__bf16__g4.json"]
     assert json.loads(files[0].read_text()) == d
     assert [x.path for x in rp.load_tables(tmp_path / "tables")] == [str(files[0])]
 
@@ -277,7 +277,7 @@ def test_export_names_the_commit_and_gzips_a_large_table(tmp_path: Path, monkeyp
     url = _make_sweep_db(tmp_path / "optuna.db")
     assert rp.main(["export", "--storage", url, "--out", str(tmp_path / "t"),
                     "--commit", "abc1234"]) == 0
-    small = tmp_path / "t" / "H200" / "matmul__M64_N64_K64__bf16.json"
+    small = tmp_path / "t" / "H200" / "matmul__M64_N64_K64__bf16__g4.json"
     assert rp.Table.load(small).data["commit"] == "abc1234"
     # Past GZIP_ROWS rows the table is written gzipped, and replaces the plain one.
     monkeypatch.setattr(tables, "GZIP_ROWS", 3)
@@ -436,10 +436,10 @@ def test_cheap_pass_is_seeded_and_within_the_recorded_spread() -> None:
     assert rp.cheap_pass(rec, 0.25, 3)[1] == 2.0 + 1.0
 
 
-@pytest.mark.skipif(not (DATA / "H200" / "matmul__M8192_N8192_K8192__bf16.json").is_file(),
+@pytest.mark.skipif(not (DATA / "H200" / "matmul__M8192_N8192_K8192__bf16__g216.json").is_file(),
                     reason="no recorded matmul sweep")
 def test_multi_fidelity_saves_gpu_time_on_the_recorded_matmul() -> None:
-    t = rp.Table.load(DATA / "H200" / "matmul__M8192_N8192_K8192__bf16.json")
+    t = rp.Table.load(DATA / "H200" / "matmul__M8192_N8192_K8192__bf16__g216.json")
 
     def frac(**kw) -> float:
         fr = [rp.metrics(rp.replay(t, "tpe", seed, in_flight=2, **kw), t)["cost_fraction"]

@@ -23,7 +23,7 @@ from harness.search.strategies import registry
 from harness.search.strategies.base import Outcome, Point, Setup, Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLE = ROOT / "benchmarks" / "replay" / "H100" / "matmul__M128_N8192_K8192__bf16.json"
+TABLE = ROOT / "benchmarks" / "replay" / "H100" / "matmul__M128_N8192_K8192__bf16__g216.json"
 SHAPE = {"M": 64, "N": 64, "K": 64}
 SPACE = {"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64], "BLOCK_K": [32], "num_warps": [2, 4]}
 

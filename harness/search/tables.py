@@ -45,7 +45,7 @@ _FROM_HARNESS = {"measured": "ok", "failed": "failed", "pruned": "pruned"}
 DEFAULT_TOL = 0.02
 #: Tables of more rows than this are written gzipped (``.json.gz``): a large space's
 #: pruned configs are most of its rows and compress about 30-fold.
-GZIP_ROWS = 5000
+GZIP_ROWS = 1000
 #: The file names a table may have.
 SUFFIXES = (".json", ".json.gz")
 
@@ -94,8 +94,11 @@ class Table:
     def name(self) -> str:
         d = self.data
         shape = ",".join(f"{k}={v}" for k, v in d["shape"].items())
-        partial = "" if self.complete else f" (sub-grid: {len(self.by_key)} of {self.grid_size})"
-        return f"{d['hardware']}/{d['kernel']}/{shape}/{d['dtype']}{partial}"
+        # The grid is part of a case's name: one shape is swept over spaces of different
+        # sizes (a family's declared grid, a user's widened one).
+        grid = (f" (grid {self.grid_size})" if self.complete
+                else f" (sub-grid: {len(self.by_key)} of {self.grid_size})")
+        return f"{d['hardware']}/{d['kernel']}/{shape}/{d['dtype']}{grid}"
 
     @property
     def grid_size(self) -> int:
@@ -208,10 +211,12 @@ def _split_study_name(name: str) -> dict[str, Any]:
             "dtype": dtype, "hardware": hardware}
 
 
-def case_filename(kernel: str, shape: Mapping[str, int], dtype: str) -> str:
+def case_filename(kernel: str, shape: Mapping[str, int], dtype: str, grid: int) -> str:
+    """``<kernel>__<shape>__<dtype>__g<grid size>.json``: a shape swept over two spaces
+    is two files."""
     shape_part = "_".join(f"{k}{v}" for k, v in shape.items())
     safe_kernel = "".join(c if c.isalnum() or c in "-_" else "-" for c in kernel)
-    return f"{safe_kernel}__{shape_part}__{dtype}.json"
+    return f"{safe_kernel}__{shape_part}__{dtype}__g{grid}.json"
 
 
 def _record(t: Any, status: str) -> dict[str, Any]:
@@ -398,7 +403,7 @@ def export(storage_url: str, out: str | Path, study: str | None = None,
             path = out
         else:
             path = out / table["hardware"] / case_filename(
-                table["kernel"], table["shape"], table["dtype"])
+                table["kernel"], table["shape"], table["dtype"], table["grid_size"])
             if len(table["trials"]) > GZIP_ROWS:
                 path = path.with_name(path.name + ".gz")
             # A re-export in the other form replaces the first.
