@@ -142,7 +142,7 @@ class Faulty(Kernel):
             n = n // 2
 
         def run() -> torch.Tensor:
-            record("launch", config)
+            record("launch", config, N=shape["N"])
             if sleep_s:
                 time.sleep(sleep_s)
             if fault == "compile":

@@ -483,6 +483,36 @@ def test_a_config_compiled_ahead_runs_before_an_older_one_still_compiling(
     assert summary.overhead["idle"] < 2.0
 
 
+def test_a_coming_study_s_configs_compile_while_the_one_before_it_is_timed(
+        cl, events, tmp_path: Path) -> None:
+    """The worker is told every study's known configs as it becomes ready: the second
+    study's grid compiles in the compile children while the first study's slow configs
+    are timed, so that none of its configs is compiled only once its task is queued
+    (one task at a time here)."""
+    sleeps = [500, 600]
+    path = _experiment(tmp_path, name="coming", hardware=["H200"],
+                       shapes=[{"N": 256}, {"N": 512}],
+                       search={"sampler": "grid", "trials": 2, "warm_start": False,
+                               "remeasure_top_k": 0},
+                       search_space={"params": {"FAULT": ["none"], "SLEEP_MS": sleeps,
+                                                "COMPILE_MS": [600]}},
+                       fleet={"queue_depth": 1, "compile_workers": 2})
+    summary, _ = _run(path)
+    for n in (256, 512):
+        trials = _trials(tmp_path, "coming", f"coming/{FAULTY}/N={n}/fp32/H200")
+        assert len(_by_status(trials, "measured")) == 2
+    log = read_events(events)
+    launched = {n: min(e["t"] for e in log if e["event"] == "launch" and e["N"] == n)
+                for n in (256, 512)}
+    first, second = sorted(launched, key=launched.get)
+    compiled = [e for e in log if e["event"] == "compile" and e["N"] == second
+                and e["config"].get("SLEEP_MS") in sleeps]
+    assert len(compiled) == len(sleeps), log
+    # Both compiled (600 ms each) before the second study's first launch: without the
+    # hint, its second config would start compiling only once its first was timed.
+    assert max(e["t"] for e in compiled) < launched[second], (launched, compiled)
+
+
 def test_tasks_waiting_on_a_busy_compile_service_are_no_hang(
         cl, events, tmp_path: Path, monkeypatch) -> None:
     """A worker whose queued configs wait for the node's compile service longer than

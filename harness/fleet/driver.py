@@ -107,6 +107,15 @@ class Fleet(Workers):
             if self.nodes.get(node) == key:
                 svc.prebuild.remote(kernel, dict(shape), dtype, seed)
 
+    def hint(self, to: int, kernel: str, shape: dict, dtype: str, seed: int,
+             configs: list[dict[str, Any]]) -> None:
+        """Tell the worker of slot ``to`` the configs a coming study is known to measure
+        (``Worker.hint``): its node's compile service compiles them while the studies
+        before it are timed. Nothing waits for it."""
+        slot = next((s for s in self.slots if s.id == to and s.ready_at is not None), None)
+        if slot is not None and configs:
+            slot.actor.hint.remote(kernel, dict(shape), dtype, seed, list(configs))
+
     def in_flight(self) -> int:
         return sum(len(s.queue) for s in self.slots) + len(self._requeue)
 

@@ -125,6 +125,9 @@ class Worker:
         self._load_lock = threading.Lock()
         self._skeletons: dict[str, Any] = {}  # problem -> skeleton of its inputs
         self._stash: dict[str, list[dict]] = {}  # problem -> configs hinted before it loaded
+        # Coming studies' configs (``hint``) whose problem's inputs are not built yet:
+        # problem -> (kernel, shape, dtype, seed, configs), built between tasks.
+        self._later: dict[str, tuple[str, dict, str, int, list[dict]]] = {}
         self._hint_lock = threading.Lock()
         self.where = {
             "node_id": ctx.get_node_id(),
@@ -223,6 +226,31 @@ class Worker:
             self._hint(kernel, shape, dtype, seed, [config])
             self._load_ahead()  # it may be the one to run next
 
+    @ray.method(concurrency_group="control")
+    def hint(self, kernel: str, shape: dict, dtype: str, seed: int, configs: list) -> None:
+        """Configs a coming study is known to measure (``Fleet.hint``): compiled ahead,
+        behind the configs queued here, once this worker has built their problem's inputs'
+        layout (between two tasks: milliseconds of the GPU). A study's configs then
+        compile while the studies before it are timed, not one by one as they are queued."""
+        if self.pre is None:
+            return
+        from harness.kernel import api as kernel_api
+
+        try:
+            if not kernel_api.get(kernel).compiles_ahead:
+                return
+        except Exception:  # its measurement reports it
+            return
+        problem = problem_key(kernel, shape, dtype, seed)
+        with self._hint_lock:
+            if problem not in self._skeletons:
+                later = self._later.setdefault(problem, (kernel, dict(shape), dtype, seed, []))
+                later[4].extend(configs)
+                return
+            skel = self._skeletons[problem]
+        if skel is not None:  # (None: its inputs failed to build; the measurement says why)
+            self.pre.submit(problem, kernel, shape, skel, configs, AHEAD)
+
     @ray.method(concurrency_group="results")
     def result(self, seq: int) -> dict[str, Any]:
         with self._cv:
@@ -274,6 +302,7 @@ class Worker:
                 self._results[seq] = out
                 self._busy = False
                 self._cv.notify_all()
+            self._prepare_later()
 
     @ray.method(concurrency_group="control")
     def running(self) -> dict[str, Any]:
@@ -470,23 +499,63 @@ class Worker:
             if todo is None:
                 continue
             kernel, fam, shape, dtype, seed = todo
-            problem = problem_key(kernel, shape, dtype, seed)
-            try:
-                held = self.measurer.held(fam, shape, dtype, seed)
-                inputs = held if held is not None else fam.make_inputs(
-                    shape, dtype, seed, self.measurer.device)
-                skel = skeleton(inputs)
-            except Exception:  # the measurement meets the error and reports it
-                skel = None
-            inputs = None
-            with self._hint_lock:
-                self._skeletons[problem] = skel  # None: tried; the measurement builds it
-                stashed = self._stash.pop(problem, []) if skel is not None else []
-            if skel is not None and stashed:
-                self.pre.submit(problem, kernel, shape, skel, stashed,  # type: ignore[union-attr]
-                                URGENT)
+            self._layout(kernel, fam, shape, dtype, seed)
             return True
-        return False
+        return self._prepare_later()
+
+    def _prepare_later(self) -> bool:
+        """Build the inputs' layout of the oldest problem hinted for later (``hint``)
+        and send its configs to compile; whether there was one. Loop thread only."""
+        with self._hint_lock:
+            if not self._later:
+                return False
+            problem = next(iter(self._later))
+            kernel, shape, dtype, seed, _configs = self._later[problem]
+        from harness.kernel import api as kernel_api
+
+        try:
+            fam = kernel_api.get(kernel)
+        except Exception:  # its measurement reports it
+            with self._hint_lock:
+                self._later.pop(problem, None)
+            return True
+        self._layout(kernel, fam, shape, dtype, seed)
+        return True
+
+    def _layout(self, kernel: str, fam: Any, shape: dict, dtype: str, seed: int) -> None:
+        """Build a problem's inputs on the device (held ones are reused), keep their
+        layout and send the configs hinted for it to compile; the inputs are dropped
+        (the measurement builds them again, with its reference)."""
+        try:
+            held = self.measurer.held(fam, shape, dtype, seed)
+            inputs = held if held is not None else fam.make_inputs(
+                shape, dtype, seed, self.measurer.device)
+            skel = skeleton(inputs)
+        except Exception:  # the measurement meets the error and reports it
+            skel = None
+        inputs = None
+        self._keep_layout(problem_key(kernel, shape, dtype, seed), kernel, shape, skel)
+
+    def _keep_layout(self, problem: str, kernel: str, shape: dict, skel: Any) -> Any:
+        """Keep ``skel`` as the problem's layout (None: tried, the measurement builds
+        them) unless one is kept already, and send what was hinted for it to compile:
+        the configs queued here (urgent) and those of a coming study (ahead). Returns
+        the layout kept."""
+        with self._hint_lock:
+            if self._skeletons.get(problem) is None:
+                while len(self._skeletons) >= 64:
+                    self._skeletons.pop(next(iter(self._skeletons)))
+                self._skeletons[problem] = skel
+            skel = self._skeletons[problem]
+            stashed = self._stash.pop(problem, []) if skel is not None else []
+            later = self._later.pop(problem, None)
+        if skel is not None and stashed:
+            self.pre.submit(problem, kernel, shape, skel, stashed,  # type: ignore[union-attr]
+                            URGENT)
+        if skel is not None and later and later[4]:
+            self.pre.submit(problem, kernel, shape, skel, later[4],  # type: ignore[union-attr]
+                            AHEAD)
+        return skel
 
     def _idle_work(self) -> bool:
         """Work for a GPU that would wait for compiles, each once: the device's peaks
@@ -694,14 +763,9 @@ class Worker:
             return None  # the measurement reports it
         prepared = time.perf_counter()
         with self._hint_lock:
-            if self._skeletons.get(problem) is None:
-                while len(self._skeletons) >= 64:
-                    self._skeletons.pop(next(iter(self._skeletons)))
-                self._skeletons[problem] = skeleton(inputs)
-            skel = self._skeletons[problem]
-            stashed = self._stash.pop(problem, [])
-        if stashed:
-            self.pre.submit(problem, kernel, shape, skel, stashed, URGENT)
+            skel = self._skeletons.get(problem)
+        if skel is None:
+            self._keep_layout(problem, kernel, shape, skeleton(inputs))
         if config is None:
             return None
         out = self.pre.wait(problem, config)
