@@ -19,7 +19,8 @@
 # gives their sizes and the estimated time. Studies left unfinished are exported as they
 # are and listed INCOMPLETE; run it again on the same box (runs/ kept) and the campaign
 # continues where it stopped (--resume), e.g. in two calls of BUDGET_S=590 where one
-# command may run 10 minutes at most.
+# command may run 10 minutes at most. On another box: $OUT/runs.tgz (the sweeps' Optuna
+# storages) extracted in the repository root first. A single sweep cut short goes on alike.
 # The commit recorded is HARNESS_GIT_SHA where set (a copy without .git), else git's.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -88,7 +89,8 @@ else
     fi
     left=$(( BUDGET_S - RESERVE_S - $(el) ))
     if [ $left -lt "$est" ]; then echo "skip $name: ${left} s left, needs ~${est} s"; continue; fi
-    timeout $left python3 -m harness run "$cfg" --json > "$L/$name.json" 2> "$L/$name.log"
+    again=(); [ -f "runs/$name/optuna.db" ] && again=(--resume)   # cut short before: go on
+    timeout $left python3 -m harness run "$cfg" "${again[@]}" --json > "$L/$name.json" 2> "$L/$name.log"
     rc=$?
     echo "$name rc=$rc t=$(el) s$([ $rc -eq 124 ] && echo ' (cut short)')"
   done
@@ -106,4 +108,9 @@ for line in open(sys.argv[1]):
           f"{'' if c['complete'] else ' INCOMPLETE'}, optimum {c['optimum_ms']:.4g} ms "
           f"{c['optimum']}, {c['within_tol']} within 2%, grid GPU time {c['grid_cost_s']:.1f} s")
 PY
+# The sweeps' Optuna storages, so that one cut short can go on in a later call on a fresh
+# machine: `tar xzf runs.tgz` in the repository root there (or carry runs/), then the same
+# command continues it (--resume).
+tar czf "$OUT/runs.tgz" $(for n in "${names[@]}"; do [ -d "runs/$n" ] && echo "runs/$n"; done) \
+    2> /dev/null && echo "storages: $OUT/runs.tgz ($(du -h "$OUT/runs.tgz" | cut -f1))"
 echo "record_sweeps done in $(el) s"
