@@ -447,3 +447,59 @@ def test_multi_fidelity_saves_gpu_time_on_the_recorded_matmul() -> None:
         return sorted(math.inf if f is None else f for f in fr)[2]
 
     assert frac(fidelity=0.1) < 0.8 * frac()
+
+
+# -- a live search judged against a recorded sweep (benchmarks/live_search.py) ----------------
+
+
+def _live_search():
+    spec = importlib.util.spec_from_file_location("live_search",
+                                                  ROOT / "benchmarks" / "live_search.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_live_search_is_judged_by_the_recorded_latency_of_its_best_config() -> None:
+    from types import SimpleNamespace
+
+    t = synthetic(seed=0)
+    live = _live_search()
+    opt = t.optimum_ms
+    ok = sorted(t.of("ok"), key=lambda r: r["median_ms"])
+    best, slow = ok[0], next(r for r in ok if r["median_ms"] > 1.1 * opt)
+
+    def trial(n: int, rec: dict, value: float | None, status: str = "measured"):
+        return SimpleNamespace(number=n, value=value, params=dict(rec["config"]),
+                               user_attrs={ATTR_STATUS: status,
+                                           ATTR_RESULT: {"timing_s": 1.0, "compile_s": 0.5}})
+
+    # Live latencies of another day: the search's own best decides, judged by its record.
+    trials = [trial(0, slow, 1.0), trial(1, best, 2.0),  # best config, measured slower
+              trial(2, slow, None, "duplicate"),  # answered from the study: no device time
+              trial(3, best, 0.5)]
+    v = live.judge(t, trials)
+    assert v["trials"] == 3 and v["gpu_s"] == 4.5
+    assert v["reached"]["trial"] == 3 and v["reached"]["gpu_s"] == 4.5
+    assert v["reached"]["fraction"] == round(4.5 / t.grid_cost_s, 5)
+    assert v["best"] == best["config"] and v["best_vs_optimum"] == 1.0
+    assert v["goal_met"] == (4.5 / t.grid_cost_s <= live.GOAL)
+    # Never better than a slow config: not reached, and said so.
+    v = live.judge(t, trials[:1])
+    assert v["reached"] is None and not v["goal_met"]
+    assert v["best_vs_optimum"] == round(slow["median_ms"] / opt, 4)
+    assert "not reached" in live.render(v, "cmd")
+
+
+def test_a_live_search_runs_the_sweep_s_case_as_a_first_tune(tmp_path: Path) -> None:
+    live = _live_search()
+    table = rp.Table.load(DATA / "H200" / "matmul__M64_N8192_K8192__bf16__g4800.json.gz")
+    path = live.experiment_for(table, ROOT / "configs" / "sweeps" / "large" / "matmul.yaml",
+                               "pattern", 300, tmp_path)
+    exp = experiment.load(path)
+    assert [dict(s) for s in exp.shapes] == [{"M": 64, "N": 8192, "K": 8192}]
+    assert exp.dtypes == ["bf16"] and exp.hardware == ["H200"]
+    assert exp.search.strategy == "pattern" and exp.search.trials == 300
+    assert exp.search.warm_start and not exp.search.seed_from_packs
+    assert Path(exp.output.runs_dir) == tmp_path / "runs"
+    assert exp.search_space["params"]["BLOCK_M"] == table.space["BLOCK_M"]
