@@ -22,7 +22,8 @@ from harness.run.members import Member
 from harness.search import drop_studies, storage_url
 from harness.search.write_behind import WriteBehindStorage
 from harness.tracking import run_logging
-from harness.tracking.tracker import Tracker, import_mlflow, tracking_uri
+from harness.tracking.redact import redact
+from harness.tracking.tracker import Tracker, absolute_uri, import_mlflow, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,43 @@ def kill_loggers(pairs: Iterable[tuple[Any, Any] | None]) -> None:
                 ray.kill(actor)
             except Exception:  # already gone with its Ray
                 pass
+
+
+#: How long a new MLflow store may take to build off the critical path (``prepare_stores``).
+PREPARE_TIMEOUT_S = 120.0
+
+
+def prepare_stores_once_valid(checked: Future, members: list[Member]) -> list[str]:
+    """Build each new SQLite MLflow store of ``members`` in a process of its own
+    (``harness.tracking.prepare_store``), once every file passed its checks, while Ray
+    starts: the run's logger process then opens a store that exists. Only for a run that
+    starts its own Ray (a first run in a directory; on a running cluster the logger may
+    work in another directory). Returns the stores built; one that could not be is left
+    to the logger, as before, and said so."""
+    if checked.exception() is not None:
+        return []
+    import subprocess
+    import sys
+
+    from harness.tracking.prepare_store import new_sqlite_store
+
+    built = []
+    for uri in dict.fromkeys(absolute_uri(tracking_uri(m.exp.tracking.uri)) for m in members):
+        if new_sqlite_store(uri) is None:
+            continue
+        try:
+            rc = subprocess.run([sys.executable, "-m", "harness.tracking.prepare_store", uri],
+                                capture_output=True, text=True, timeout=PREPARE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the new MLflow store %s was not built within %g s; the logger "
+                        "builds it", redact(uri), PREPARE_TIMEOUT_S)
+            continue
+        if rc.returncode == 0:
+            built.append(uri)
+        elif rc.returncode != 1:  # 1: a store appeared meanwhile (kept)
+            log.warning("building the new MLflow store %s ahead failed (exit %d): %s",
+                        redact(uri), rc.returncode, rc.stderr.strip()[-300:])
+    return built
 
 
 def storages_once_planned(checked: Future, planned_f: Future, members: list[Member]

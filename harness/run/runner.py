@@ -24,7 +24,7 @@ from rich.markup import escape
 from harness import experiment
 from harness.fleet import Fleet, NoHardwareError
 from harness.fleet import code_version as fleet_code_version
-from harness.fleet.head_start import HeadStart
+from harness.fleet.head_start import HeadStart, starts_own_ray
 from harness.kernel.api import Kernel
 from harness.measure.timing import Timing
 from harness.run import bookkeeping as bk
@@ -104,11 +104,14 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
     pre_fs = mem.shared_fleet([m.exp for m in members])
     head = HeadStart.maybe(pre_fs.compile_workers, pre_fs.compile_timeout_s,
                            pre_fs.compile_timeout_ratio)
-    pool = ThreadPoolExecutor(3, thread_name_prefix="harness-prepare")
+    pool = ThreadPoolExecutor(4, thread_name_prefix="harness-prepare")
     checked = pool.submit(_check, members, summary)
     # MLflow in the driver only where no logger process will set it up (``_run``).
     trackers_f = (pool.submit(bk.trackers_once_valid, checked, members)
                   if bk.tracks_locally(pre_fs, members) else None)
+    if trackers_f is None and starts_own_ray():
+        # A new SQLite store is built while Ray starts, not by the logger after it.
+        pool.submit(bk.prepare_stores_once_valid, checked, members)
     if head is not None:
         pool.submit(_head_start_once_valid, checked, members, head)
     # The studies' storages once the studies are known (after Ray's discovery): an
