@@ -397,3 +397,33 @@ def test_a_pattern_study_hands_its_first_asks_to_compile(tmp_path: Path) -> None
     assert len(asked) == 10
     assert asked[0] == {k: fam.default_config[k] for k in space}  # enqueued, not asked
     assert asked[1:] == known[1:10]
+
+
+def test_a_ready_worker_is_told_the_coming_studies_first_configs() -> None:
+    """Each study not begun yet: a grid's whole order (what it measures whatever the
+    results), a pattern walk's default and first asks only (past them it follows the
+    measurements); a begun study, none (its configs go as it asks)."""
+    from types import SimpleNamespace
+
+    from harness.run import schedule
+
+    def studies(strategy: str) -> list:
+        exp = experiment.Experiment(
+            name=strategy, kernel="matmul", hardware=["H100"],
+            shapes=[{"M": 256, "N": 256, "K": 256}, {"M": 512, "N": 256, "K": 256}],
+            search={"strategy": strategy, "trials": 30})
+        plans = experiment.ExperimentPlan.checked("x.yaml", exp).for_hardware(["H100"]).studies
+        return exp, [schedule.StudyState(p, SimpleNamespace(measured=0), "r", {})
+                     for p in plans]
+
+    told: list = []
+    fleet = SimpleNamespace(depth=lambda hw: 2,
+                            hint=lambda to, kernel, shape, dtype, seed, configs:
+                            told.append((to, shape["M"], len(configs))))
+    (grid, (g1, g2)), (pattern, (p1, p2)) = studies("grid"), studies("pattern")
+    g1.search.measured = 3  # begun
+    sched = schedule.Scheduler([grid, pattern], fleet, [g1, g2, p1, p2],
+                               on_result=lambda t, r: None)
+    sched._hint(7, "H100")
+    assert told == [(7, 512, 31), (7, 256, 3), (7, 512, 3)], told
+    assert len(schedule.known_configs(p1.plan)) == 31  # the walk's guesses, not sent

@@ -456,7 +456,12 @@ class Scheduler:
                 break
             if st.phase != "search" or st.search.measured:
                 continue  # begun: its configs are queued as it asks for them
-            configs = known_configs(st.plan)[:budget]
+            configs = known_configs(st.plan)
+            if not strategies.get(st.plan.search.strategy).ahead_whatever_results:
+                # Past its first asks the walk follows the measurements: the rest of
+                # its guesses would keep the compile processes busy for nothing.
+                configs = configs[:1 + self.fleet.depth(hw)]
+            configs = configs[:budget]
             budget -= len(configs)
             self.fleet.hint(slot, st.spec.kernel, st.spec.shape, st.spec.dtype, 0, configs)
 

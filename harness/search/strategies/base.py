@@ -69,6 +69,9 @@ class Strategy(ABC):
 
     #: The registered name (set by the registry).
     name: ClassVar[str] = ""
+    #: Whether ``ahead`` is what it asks whatever the results (a grid's order), not only
+    #: until a first result arrives: a study that has not begun has all of it compiled.
+    ahead_whatever_results: ClassVar[bool] = False
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
