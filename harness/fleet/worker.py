@@ -341,9 +341,9 @@ class Worker:
             self._lessee, self._last_call = run, now
             self._leased_at = time.perf_counter()
             self._first_task = {}
+            self.measurer.timing = Timing(**timing)
         with self._hint_lock:
             self._later.clear()  # the last run's coming studies: this run sends its own
-            self.measurer.timing = Timing(**timing)
         if first is not None and self.pre is not None:
             t0, sent = time.monotonic(), self.pre.submitted
             self._prepare_first(*first)

@@ -97,13 +97,15 @@ def first_studies(studies: list[experiment.StudyPlan]) -> dict[str, experiment.S
     return out
 
 
-def known_configs(study: experiment.StudyPlan) -> list[dict[str, Any]]:
+def known_configs(study: experiment.StudyPlan, strategy_asks: int | None = None
+                  ) -> list[dict[str, Any]]:
     """The configs a study is known to measure before its search starts: the kernel's
     default (a baseline), the packs' winners it starts from (``search.seed_from_packs``)
     and the first ``trials`` configs its strategy asks whatever the results
-    (``Strategy.ahead``: a grid's order), where they pass static pruning on the hardware
-    key's static spec (the worker's own device prunes again; a config compiled ahead in
-    vain costs a compile child's time, not the GPU's)."""
+    (``Strategy.ahead``: a grid's order; at most ``strategy_asks`` of them where given),
+    where they pass static pruning on the hardware key's static spec (the worker's own
+    device prunes again; a config compiled ahead in vain costs a compile child's time,
+    not the GPU's)."""
     fam, spec, device, settings = study.family, study.spec, study.device, study.search
     space = study.space
     # The search asks first for the configs it enqueues (the winners of packs), then
@@ -115,7 +117,8 @@ def known_configs(study: experiment.StudyPlan) -> list[dict[str, Any]]:
         seeds = [dict(c) for c, _ in warmstart.seeds_from_packs(
             study.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
     out += seeds
-    n = min(MAX_KNOWN - len(out), settings.trials)
+    n = min(MAX_KNOWN - len(out), settings.trials,
+            settings.trials if strategy_asks is None else strategy_asks)
     if n <= 0:
         return out
     # Checked lazily (exact_limit=0): as many configs as the strategy walks past, no more.
@@ -349,6 +352,7 @@ class Scheduler:
         #: When the first and last search trials' results came, and the last result
         self.times: dict[str, float] = {}
         self._hinted: set[int] = set()  # worker slots told the coming studies' configs
+        self._coming: dict[int, list[dict[str, Any]]] = {}  # id(study) -> what it tells
 
 
     # -- choosing ---------------------------------------------------------------------
@@ -456,11 +460,14 @@ class Scheduler:
                 break
             if st.phase != "search" or st.search.measured:
                 continue  # begun: its configs are queued as it asks for them
-            configs = known_configs(st.plan)
-            if not strategies.get(st.plan.search.strategy).ahead_whatever_results:
-                # Past its first asks the walk follows the measurements: the rest of
-                # its guesses would keep the compile processes busy for nothing.
-                configs = configs[:1 + self.fleet.depth(hw)]
+            configs = self._coming.get(id(st))
+            if configs is None:
+                # Past its first asks (those in flight before a result) a walk follows
+                # the measurements: its later guesses would keep the compile processes
+                # busy for nothing, and take the driver 70 ms a study to draw.
+                exact = strategies.get(st.plan.search.strategy).ahead_whatever_results
+                configs = self._coming[id(st)] = known_configs(
+                    st.plan, None if exact else self.fleet.depth(hw))
             configs = configs[:budget]
             budget -= len(configs)
             self.fleet.hint(slot, st.spec.kernel, st.spec.shape, st.spec.dtype, 0, configs)
