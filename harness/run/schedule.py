@@ -118,7 +118,7 @@ def known_configs(study: experiment.StudyPlan, strategy_asks: int | None = None
             study.packs_dir, fam, spec.dtype, spec.hardware, spec.shape, space, device)]
     out += seeds
     n = min(MAX_KNOWN - len(out), settings.trials,
-            settings.trials if strategy_asks is None else strategy_asks)
+            MAX_KNOWN if strategy_asks is None else strategy_asks)
     if n <= 0:
         return out
     # Checked lazily (exact_limit=0): as many configs as the strategy walks past, no more.

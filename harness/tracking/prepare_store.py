@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-PREFIX = "sqlite:///"
+from harness.tracking.tracker import SQLITE_PREFIX as PREFIX
 
 
 def new_sqlite_store(uri: str) -> Path | None:

@@ -40,6 +40,8 @@ from harness.tracking.plots import study_plots, warm_imports
 # starts Ray, and builds its Tracker on a thread while Ray starts.
 
 DEFAULT_URI = "sqlite:///mlflow.db"
+#: How an SQLite store's URI begins (the file's path follows).
+SQLITE_PREFIX = "sqlite:///"
 
 TRIAL_METRICS = ("latency_ms", "p20_ms", "p80_ms", "tflops", "gbps", "roofline",
                  "max_abs_err", "max_rel_err", "frac_within_1e3", "frac_within_1e2", "compile_s")
@@ -270,7 +272,7 @@ def _experiment_id(client: Any, name: str) -> str:
 def absolute_uri(uri: str) -> str:
     """``uri`` with a relative SQLite path made absolute (against this process's working
     directory), so that another process on this machine opens the same file."""
-    prefix = "sqlite:///"
+    prefix = SQLITE_PREFIX
     if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
         return prefix + str(Path(uri[len(prefix):]).resolve())
     return uri
@@ -522,7 +524,7 @@ class TrialLogger:
         schema check (1-1.5 s) are then done by the first call, which only finds or
         creates the experiment. Opening an existing store writes nothing."""
         uri = self._where[0]
-        prefix = "sqlite:///"
+        prefix = SQLITE_PREFIX
         if not uri.startswith(prefix) or not Path(uri[len(prefix):]).is_file():
             return
 
