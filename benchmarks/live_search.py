@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.search import replay as rp  # noqa: E402
+from harness.search.keys import config_key  # noqa: E402
 from harness.search.progress import ATTR_STATUS, DEVICE_TRIALS, trial_cost_s  # noqa: E402
 
 #: The share of the sweep's GPU time the live search may spend (#47's target).
@@ -86,6 +87,26 @@ def judge(table: rp.Table, trials: Iterable[Any], tol: float = rp.DEFAULT_TOL,
                    "fraction": round(spent / grid_s, 5) if grid_s > 0 else None,
                    "config": best_cfg}
     final = table.lookup(best_cfg) if best_cfg is not None else None
+    # The same run's own measure, where it measured the recorded optimum too: a large
+    # kernel's latency drifts from day to day (an 8192^3 bf16 matmul on an H200: live /
+    # recorded 0.92-1.03, p10-p90), more than the 2 % that the recorded one is judged by.
+    opt_key = config_key(table.optimum) if table.optimum else None
+    walked = [t for t in sorted(trials, key=lambda t: t.number)
+              if t.user_attrs.get(ATTR_STATUS) in DEVICE_TRIALS]
+    opt_live = next((t.value for t in walked if t.value is not None
+                     and t.user_attrs.get(ATTR_STATUS) == "measured"
+                     and config_key(dict(t.params)) == opt_key), None)
+    same_run = None
+    if opt_live is not None:
+        spent2, best2 = 0.0, math.inf
+        for n2, t in enumerate(walked, 1):
+            spent2 += trial_cost_s(t.user_attrs)
+            if t.user_attrs.get(ATTR_STATUS) == "measured" and t.value is not None:
+                best2 = min(best2, t.value)
+            if best2 <= opt_live * (1 + tol):
+                same_run = {"trial": n2, "gpu_s": round(spent2, 3),
+                            "fraction": round(spent2 / grid_s, 5) if grid_s > 0 else None}
+                break
     return {
         "case": table.name, "device_recorded": table.data.get("device_name"),
         "recorded": {"date": table.data.get("date"), "commit": table.data.get("commit"),
@@ -98,6 +119,7 @@ def judge(table: rp.Table, trials: Iterable[Any], tol: float = rp.DEFAULT_TOL,
         "best_vs_optimum": (round(final["median_ms"] / table.optimum_ms, 4)
                             if final and final.get("median_ms") else None),
         "reached": hit, "goal_fraction": goal,
+        "optimum_live_ms": opt_live, "reached_same_run": same_run,
         "goal_met": bool(hit and hit["fraction"] is not None and hit["fraction"] <= goal),
     }
 
@@ -125,6 +147,11 @@ def render(v: dict[str, Any], command: str) -> str:
         f"({v['fraction']:.1%} of the sweep's)",
         f"- within 2 % of the recorded optimum (by the recorded latency of its best config): "
         f"{reached}",
+        f"- within 2 % of the recorded optimum as this run measured it "
+        f"({v['optimum_live_ms'] or math.nan:.4g} ms): "
+        + (f"trial {same['trial']}, {same['gpu_s']:.1f} GPU s = {same['fraction']:.1%}"
+           if (same := v.get("reached_same_run")) else
+           "not reached" if v.get("optimum_live_ms") else "the run did not measure it"),
         f"- its final best: {v['best']} (live {v['best_live_ms']} ms; recorded "
         f"{v['best_recorded_ms']} ms, {v['best_vs_optimum']}x the optimum)",
         f"- goal (<= {v['goal_fraction']:.0%} of the sweep's GPU time): "

@@ -312,8 +312,18 @@ def test_a_new_worker_is_given_an_exhaustive_grid_to_compile(tmp_path: Path,
         asked.append(config)
         search.tell(trial, config, TrialResult(ok=True, latency_ms=1.0))
     assert asked == known[1:21]
+    # TPE: the default, then its 8 random start-up draws, as a TPE study asks them.
     exp2 = experiment.load(path, [f"output.packs_dir={packs}", "search.sampler=tpe"])
-    assert _known_configs(study(exp2)) == known[:1]
+    tpe_known = _known_configs(study(exp2))
+    assert tpe_known[0] == known[0] and len(tpe_known) == 9
+    search = Search(spec, space, spec_for_key("H200"), exp2.search,
+                    make_storage(storage_url(tmp_path, "tpe")), exp2.seed, 1)
+    asked = []
+    for _ in range(8):
+        trial, config = search.ask()
+        asked.append(config)
+        search.tell(trial, config, TrialResult(ok=True, latency_ms=1.0 + len(asked)))
+    assert asked == tpe_known[1:]
     # A grid's budget below its size: its first configs in the grid's order.
     exp2 = experiment.load(path, [f"output.packs_dir={packs}", "search.trials=100"])
     assert _known_configs(study(exp2)) == known[:101]

@@ -484,11 +484,16 @@ def test_a_live_search_is_judged_by_the_recorded_latency_of_its_best_config() ->
     assert v["reached"]["fraction"] == round(4.5 / t.grid_cost_s, 5)
     assert v["best"] == best["config"] and v["best_vs_optimum"] == 1.0
     assert v["goal_met"] == (4.5 / t.grid_cost_s <= live.GOAL)
+    # By the run's own measure of the recorded optimum (2.0 ms that day), its first trial
+    # (1.0 ms) was already as fast.
+    assert v["optimum_live_ms"] == 2.0 and v["reached_same_run"]["trial"] == 1
+    assert "as this run measured it (2 ms): trial 1" in live.render(v, "cmd")
     # Never better than a slow config: not reached, and said so.
     v = live.judge(t, trials[:1])
     assert v["reached"] is None and not v["goal_met"]
     assert v["best_vs_optimum"] == round(slow["median_ms"] / opt, 4)
     assert "not reached" in live.render(v, "cmd")
+    assert v["reached_same_run"] is None and "did not measure it" in live.render(v, "cmd")
 
 
 def test_a_live_search_runs_the_sweep_s_case_as_a_first_tune(tmp_path: Path) -> None:

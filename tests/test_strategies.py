@@ -68,7 +68,7 @@ def _search(storage, strategy=Recorder, **settings) -> Search:
 
 def test_registry_lists_every_builtin_once() -> None:
     names = registry.names()
-    for name in ("tpe", "random", "grid", "cmaes", "gp", "pattern"):
+    for name in ("tpe", "random", "grid", "cmaes", "gp", "pattern", "auto"):
         assert name in names and registry.get(name).name == name
     assert names == sorted(set(names))
     with pytest.raises(registry.StrategyError, match="known strategies are .*grid.*tpe"):
@@ -165,7 +165,7 @@ def test_a_point_outside_the_space_is_a_clear_error() -> None:
         s.ask()
 
 
-@pytest.mark.parametrize("name", ["tpe", "random", "grid", "cmaes", "pattern"])
+@pytest.mark.parametrize("name", ["tpe", "random", "grid", "cmaes", "pattern", "auto"])
 def test_every_builtin_asks_valid_untried_configs_until_the_space_is_done(name: str) -> None:
     """Through Search on a space of 12 configs, 2 of them invalid (BLOCK_M=128 on 2
     warps): each strategy hands out the 10 valid ones, each once, and then none."""
@@ -400,3 +400,56 @@ def test_pattern_reaches_every_committed_case_within_its_budget() -> None:
         t = rp.Table.load(path)
         m = rp.metrics(rp.replay(t, "pattern", 0, in_flight=2), t)
         assert m["reached"] and m["cost_fraction"] < 0.4, (t.name, m)
+
+
+# -- auto: the default, by the space's size ---------------------------------------------------
+
+
+def test_auto_walks_small_spaces_and_models_large_ones() -> None:
+    """``auto`` runs pattern on a space of up to LARGE valid configs (the recorded grids of
+    at most 216, where the walk won) and TPE on a larger one or one too large to count
+    (the recorded spaces of 2,000 and more, where TPE won); it asks what that strategy
+    asks, seed for seed."""
+    from harness.search.strategies.auto import LARGE, AutoStrategy
+    from harness.search.valid import ValidSpace
+
+    small = ValidSpace(SPACE, lambda c: None, 0)
+    assert AutoStrategy(Setup(small, 0, budget=8)).chosen == "pattern"
+    big_space = {"a": list(range(40)), "b": list(range(40))}  # 1,600 configs, all valid
+    big = ValidSpace(big_space, lambda c: None, 0)
+    assert big.count is not None and big.count > LARGE
+    assert AutoStrategy(Setup(big, 0, budget=8)).chosen == "tpe"
+    # Half of them invalid: 800 left, a small space again.
+    half = ValidSpace(big_space, lambda c: "odd" if c["a"] % 2 else None, 0)
+    assert half.count == 800 and AutoStrategy(Setup(half, 0, budget=8)).chosen == "pattern"
+    huge = ValidSpace({f"t{i}": [1, 2, 4, 8] for i in range(8)}, lambda c: None, 0)
+    assert huge.count is None and AutoStrategy(Setup(huge, 0, budget=8)).chosen == "tpe"
+    auto, tpe = AutoStrategy(Setup(big, 3, budget=8)), registry.get("tpe")(Setup(big, 3, budget=8))
+    tried: set[Point] = set()
+    for _ in range(5):
+        p = auto.ask(tried)
+        assert p == tpe.ask(tried)
+        tried.add(p)
+
+
+@pytest.mark.parametrize("name", ["tpe", "cmaes", "auto"])
+def test_a_model_based_strategy_knows_its_first_asks_ahead(name: str) -> None:
+    """What the fleet compiles before a study's first result (``ahead``) is what the
+    study's strategy then asks: an Optuna sampler's start-up draws come from its seed."""
+    from harness.search.valid import ValidSpace
+
+    space = {"a": list(range(40)), "b": list(range(40)), "c": [1, 2]}
+    valid = ValidSpace(space, lambda c: "odd" if (c["a"] + c["b"]) % 3 == 0 else None, 0)
+    default = valid.index({"a": 4, "b": 5, "c": 1})
+    setup = Setup(valid, 7, budget=20, parallel=2, default=default)
+    first = registry.get(name)(setup).ahead(4)
+    assert len(first) == 4 and default not in first
+    study = registry.get(name)(setup)
+    tried = {default}
+    study.tell(default, Outcome("measured", 1.0, 0.5))  # the default, measured unasked
+    asked = []
+    for _ in range(4):
+        p = study.ask(tried)
+        asked.append(p)
+        tried.add(p)
+    assert asked == first

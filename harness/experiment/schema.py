@@ -49,12 +49,12 @@ class _Strict(BaseModel):
 
 class SearchSettings(_Strict):
     strategy: str = Field(
-        "pattern", validation_alias=AliasChoices("strategy", "sampler"),
+        "auto", validation_alias=AliasChoices("strategy", "sampler"),
         description="how the search chooses the next config: a registered strategy "
         "(harness/search/strategies; other packages add theirs under the entry-point group "
-        "kernel_harness.strategies). ``sampler`` is accepted for it. pattern: the replay "
-        "of recorded sweeps found it within 2 % of the grid's best for less GPU time than "
-        "TPE, median and worst case (benchmarks/replay/report.md)")
+        "kernel_harness.strategies). ``sampler`` is accepted for it. auto: pattern on "
+        "spaces of up to 1,000 valid configs, tpe on larger ones, the best of each on the "
+        "replay of recorded sweeps (benchmarks/replay/report.md)")
     trials: int = Field(32, ge=1, le=MAX_TRIALS,
                         description="trials per study, the default config included")
     timeout_s: float | None = Field(None, gt=0, description="wall-clock limit for the whole run")

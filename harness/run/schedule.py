@@ -121,8 +121,10 @@ def known_configs(study: experiment.StudyPlan, strategy_asks: int | None = None
             MAX_KNOWN if strategy_asks is None else strategy_asks)
     if n <= 0:
         return out
-    # Checked lazily (exact_limit=0): as many configs as the strategy walks past, no more.
-    valid = study.valid(exact_limit=0)
+    # As the study's own search checks them (every config of a space of up to
+    # ``EXACT_LIMIT``, else lazily): a sampler's proposal is repaired into the valid set
+    # by another path in each, and the guesses must be the study's asks.
+    valid = study.valid()
 
     def point(config: dict[str, Any]) -> Any:
         """The config's valid point of the space, as the study's own set-up finds it."""

@@ -8,6 +8,8 @@
     repair.py         the Optuna sampler that does the repair
     pattern.py        pattern: a walk over ordinal tile sizes from the default and the
                       warm-start configs
+    auto.py           auto (the default): pattern on spaces of up to 1,000 valid configs,
+                      tpe on larger ones, as the replay of recorded sweeps found best
 
 Names are imported lazily: the experiment schema reads ``registry`` without Optuna.
 """

@@ -90,3 +90,18 @@ class Strategy(ABC):
         they start: whatever the results (a grid: its order), or those it asks before
         its first result arrives; [] where it cannot tell."""
         return []
+
+    def first_asks(self, n: int) -> list[Point]:
+        """The first ``n`` asks of a new strategy of this class and set-up, told nothing:
+        what a seeded strategy asks until its first result (the default's and the warm
+        start's, measured without asking, count as tried)."""
+        probe = type(self)(self.setup)
+        tried = {p for p in (self.setup.default, *self.setup.starts) if p is not None}
+        out: list[Point] = []
+        while len(out) < n:
+            point = probe.ask(tried)
+            if point is None or point in tried:
+                break
+            out.append(point)
+            tried.add(point)
+        return out

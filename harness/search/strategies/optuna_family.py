@@ -23,6 +23,10 @@ class OptunaStrategy(Strategy):
     its sampler; ``OptunaStrategy.wrapping(sampler)`` wraps any Optuna sampler object
     (the replay compares samplers that have no name)."""
 
+    #: Asks its sampler draws at random before it models results (``ahead``: past them
+    #: it follows the measurements).
+    startup: int = 8
+
     def __init__(self, setup: Setup, sampler: Any = None) -> None:
         import optuna
         from optuna.distributions import CategoricalDistribution
@@ -60,6 +64,14 @@ class OptunaStrategy(Strategy):
             return None
         self._open[point] = trial
         return point
+
+    def ahead(self, n: int) -> list[Point]:
+        """The first ``n`` asks before any result: a sampler's start-up draws (random, from
+        its seed) until it has results to model, so the study's own strategy, with the
+        same set-up, asks the same while the default and the warm start are measured."""
+        if type(self).make_sampler is OptunaStrategy.make_sampler:
+            return []  # a wrapped sampler object (``wrapping``): it cannot be copied
+        return self.first_asks(min(n, self.startup))
 
     def tell(self, point: Point, outcome: Outcome) -> None:
         import optuna
@@ -103,7 +115,7 @@ class TPEStrategy(OptunaStrategy):
         import optuna
 
         return optuna.samplers.TPESampler(seed=setup.seed, constant_liar=setup.parallel > 1,
-                                          multivariate=True, n_startup_trials=8)
+                                          multivariate=True, n_startup_trials=self.startup)
 
 
 @register("cmaes")
@@ -124,4 +136,6 @@ class GPStrategy(OptunaStrategy):
     def make_sampler(self, setup: Setup) -> Any:
         import optuna
 
-        return optuna.samplers.GPSampler(seed=setup.seed)
+        return optuna.samplers.GPSampler(seed=setup.seed, n_startup_trials=self.startup)
+
+    startup = 10  # Optuna's own default for its Gaussian process

@@ -170,16 +170,7 @@ class PatternStrategy(Strategy):
         starts, in the order this strategy's seeded draws take them. The study's own
         strategy, with the same set-up, asks the same until its first result arrives
         (then its walk follows the measurements, mostly nearby)."""
-        probe = type(self)(self.setup)
-        tried = {p for p in (self.setup.default, *self.setup.starts) if p is not None}
-        out: list[Point] = []
-        while len(out) < n:
-            point = probe.ask(tried)
-            if point is None or point in tried:
-                break
-            out.append(point)
-            tried.add(point)
-        return out
+        return self.first_asks(n)
 
     def neighbours(self, centre: Point, radius: int) -> Iterator[Point]:
         """Points ``radius`` ordinal steps from ``centre``: one tunable moved ``radius``

@@ -23,6 +23,7 @@ BUILTIN_MODULES = (
     "harness.search.strategies.basic",  # random, grid
     "harness.search.strategies.optuna_family",  # tpe, cmaes, gp
     "harness.search.strategies.pattern",  # pattern
+    "harness.search.strategies.auto",  # auto: pattern or tpe by the space's size
 )
 
 S = TypeVar("S", bound=type[Strategy])
