@@ -392,7 +392,8 @@ def render(report: dict[str, Any]) -> str:
         lines += ["", f"Regret curve ({variants[0]}): the best found / the optimum - 1 after "
                   "each share of the grid's GPU time, median over seeds, then over the "
                   "complete cases (a run stops within the target: later shares keep its "
-                  "best). Per case in `report.json` (`regret`).", "",
+                  "best). Per case in `report.json` (`regret`); plotted, with the large "
+                  "cases apart, in `regret.svg`.", "", "![regret curves](regret.svg)", "",
                   "| strategy | " + " | ".join(f"{x:.0%}" for x in at) + " |",
                   "|---|" + "---|" * len(at)]
         for s in samplers:
@@ -483,6 +484,63 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Valid configs from which a case counts as a large space in the plot's second panel.
+LARGE_CASE = 2000
+
+
+def plot_regret(report: dict[str, Any], path: Path) -> bool:
+    """``path`` (SVG): each strategy's regret curve in the first variant (the best found
+    / the optimum - 1 after each share of the grid's GPU time, median over seeds, then
+    over cases), over the complete cases and over the large ones; False without
+    matplotlib or a curve."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    st = report["settings"]
+    at, variant = st.get("curve_at"), st["variants"][0]
+    res = report["results"][variant]
+    if not at or not res:
+        return False
+    headline = set(report["headline_cases"])
+    large = [c["case"] for c in report["cases"]
+             if c["case"] in headline and c["ok"] >= LARGE_CASE]
+    panels = [(f"{len(headline)} complete cases", sorted(headline))]
+    if large:
+        panels.append((f"the {len(large)} cases of {LARGE_CASE:,}+ valid configs", large))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), sharey=True,
+                             squeeze=False)
+    for ax, (title, cases) in zip(axes[0], panels, strict=True):
+        for s in st["samplers"]:
+            per = res.get(s, {}).get("per_case", {})
+            curves = [per[c]["regret"] for c in cases if per.get(c, {}).get("regret")]
+            if not curves:
+                continue
+            # None: nothing measured yet at that share (no best to compare).
+            ys = [_median([_val(cv[i]) for cv in curves]) * 100 for i in range(len(at))]
+            ys = [y if math.isfinite(y) else math.nan for y in ys]
+            ax.plot([x * 100 for x in at], ys, marker="o", ms=3,
+                    lw=2.5 if s == st.get("default_strategy") else 1.2,
+                    label=s + (" (default)" if s == st.get("default_strategy") else ""))
+        ax.axhline(report["settings"]["tol"] * 100, color="grey", ls=":", lw=1)
+        ax.set_xscale("log")
+        ax.set_xticks([x * 100 for x in at],
+                      [f"{x:.0%}" if x in (0.02, 0.05, 0.1, 0.2, 0.5, 1.0) else "" for x in at])
+        ax.set_xlabel("share of the grid's GPU time spent")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("best found / optimum - 1 (%, median)")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(f"Regret curves, {variant}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, format="svg", metadata={"Date": None})
+    plt.close(fig)
+    return True
+
+
 def _dumps(report: dict[str, Any]) -> str:
     """report.json's text: indented, with each list of numbers on one line (the regret
     curves would take a line per number)."""
@@ -538,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(_dumps(report))
         md = render(report)
         (path.parent / "report.md").write_text(md)
+        plot_regret(report, path.parent / "regret.svg")
         print(md)
         return 0
     # Sweeps cut short are replayed over the sub-grid they measured (named so).
@@ -553,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(_dumps(report))
     md = render(report)
     (out / "report.md").write_text(md)
+    plot_regret(report, out / "regret.svg")
     print(md)
     b = report["best"]
     print(f"the default the replay shows to be best: {b['sampler']} "

@@ -380,6 +380,10 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert len(report["cases"]) == 2
     md = (tmp_path / "report.md").read_text()
     assert "## Verdict" in md and "static pruning" in md
+    # The regret curves, plotted: one line per strategy (a lone panel: no large case).
+    svg = (tmp_path / "regret.svg").read_text()
+    assert "![regret curves](regret.svg)" in md and svg.startswith("<?xml")
+    assert all(s in svg for s in ("tpe", "random", "grid")) and "2,000+" not in svg
 
 
 def test_a_cut_sweep_replays_over_its_measured_sub_grid() -> None:

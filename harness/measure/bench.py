@@ -295,7 +295,9 @@ def markdown(report: dict[str, Any]) -> str:
                              f"{r['reason'][:120]} |")
                 continue
             bound = r.get("roofline_ms", c["roofline_ms"])
-            roof = bound / r["median_ms"] * 100 if bound == bound else math.nan
+            # NaN in memory, null once written (a bench.json read back renders alike).
+            roof = (bound / r["median_ms"] * 100 if bound is not None and bound == bound
+                    else math.nan)
             rms = r.get("round_ms") or []
             note = "; ".join(x for x in (
                 r["note"],
