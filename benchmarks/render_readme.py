@@ -107,9 +107,10 @@ def section(results: Path = ROOT / "benchmarks" / "results") -> str:
             f"### {env['hardware']}: {env['device_name']}",
             "",
             f"{env['date'][:10]}, torch {env['torch']}, triton {env['triton']}, "
-            + "; then ".join(f"`{_command(c)}`" for c in env["command"].split("; then "))
-            + (f" ({env['merged']})" if env.get("merged") else "")
-            + f"; every figure with its spread in "
+            f"`{_command(env['command'])}`"
+            + "".join(f", continued by `{_command(r['command'])}`"
+                      for r in rep.get("continued_by", []))
+            + "; every figure with its spread in "
             f"[{rel}/bench.md]({rel}/bench.md). Ratios are baseline / tuned, same run.",
             "",
             "| kernel | shape | dtype | tuned precision | tuned ms | vs default | vs eager "

@@ -150,3 +150,49 @@ def test_the_pack_against_the_default_config_by_the_rule_that_froze_it() -> None
     assert vs_default(rows([1.01] * 5, [1.0] * 5), False) == "slower"
     assert vs_default(rows([1.0] * 3, [1.0] * 3), True) == "same config"
     assert vs_default(rows([1.0] * 3, [1.0] * 3, ok=False), False) == "-"
+
+
+def test_resume_measures_only_the_cases_the_table_lacks(bench_run, tmp_path) -> None:
+    """``kharness bench --resume`` keeps the cases and cost sections of the bench.json it
+    continues and measures only the cases it lacks, in the cases' own order; a table of
+    another stack is refused before anything is measured or written."""
+    import shutil
+
+    where, rep = bench_run
+    out = tmp_path / "results"
+    shutil.copytree(where.parent, out)
+    cases = tmp_path / "cases.yaml"
+    cases.write_text(yaml.safe_dump({"cases": [
+        {"kernel": "silu", "shape": "test", "dtype": "fp32", "compile": False},
+        {"kernel": "rmsnorm", "shape": "test", "dtype": "fp32", "compile": False}]}))
+    logs: list[str] = []
+    got = bench.run_bench(out, None, "kharness bench --resume", cases_file=cases,
+                          log=logs.append, cost=bench.CostSettings(enabled=False),
+                          resume=True)
+    assert [c["kernel"] for c in got["cases"]] == ["silu", "rmsnorm"]
+    assert got["cases"][1] == rep["cases"][0]  # kept as it was measured
+    assert [m for m in logs if " test " in m] == ["bench: silu test fp32"]
+    assert got["tuning"] == rep["tuning"] and got["environment"] == rep["environment"]
+    (cont,) = got["continued_by"]
+    assert cont["command"] == "kharness bench --resume" and cont["cases_before"] == 1
+    assert cont["wall_s"] > 0 and got["wall_s"] == rep["wall_s"]
+    written = out / "cpu" / "bench.json"
+    assert json.loads(written.read_text())["continued_by"] == got["continued_by"]
+    assert "continued by" in (out / "cpu" / "bench.md").read_text()
+    # Another Triton: one table is one stack.
+    data = json.loads(written.read_text())
+    data["environment"]["triton"] = "0.0"
+    written.write_text(json.dumps(data))
+    before = written.read_text()
+    with pytest.raises(bench.ResumeError, match=r"triton '0.0' there, '.+' here"):
+        bench.run_bench(out, None, "kharness bench --resume", cases_file=cases,
+                        log=logs.append, cost=bench.CostSettings(enabled=False), resume=True)
+    assert written.read_text() == before
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "bench", "--out", str(out), "--cases", str(cases),
+         "--no-cost", "--resume"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    said = " ".join((proc.stdout + proc.stderr).split())  # the console wraps long lines
+    assert "--resume:" in said and "another device or stack" in said
+    assert "Traceback" not in proc.stdout + proc.stderr and written.read_text() == before

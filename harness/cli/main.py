@@ -57,7 +57,7 @@ def _cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from harness.kernel import api as kernel_api
-    from harness.measure.bench import TUNING_EXPERIMENT, CostSettings, run_bench
+    from harness.measure.bench import TUNING_EXPERIMENT, CostSettings, ResumeError, run_bench
 
     for name in args.kernel or []:
         try:
@@ -70,11 +70,17 @@ def _cmd_bench(args: argparse.Namespace, console: Console) -> int:
         return _cmd_regret(args, console, command)
     cost = CostSettings(Path(args.tuning_experiment or TUNING_EXPERIMENT), quick=args.quick,
                         enabled=not args.no_cost)
-    report = run_bench(args.out, args.kernel or None, command,
-                       cases_file=args.cases, budget_s=args.budget_s,
-                       log=lambda m: console.print(m, markup=False), cost=cost,
-                       rounds=args.rounds)
-    console.print(f"bench: {len(report['cases'])} cases in {report['wall_s']:.0f} s -> "
+    try:
+        report = run_bench(args.out, args.kernel or None, command,
+                           cases_file=args.cases, budget_s=args.budget_s,
+                           log=lambda m: console.print(m, markup=False), cost=cost,
+                           rounds=args.rounds, resume=args.resume)
+    except ResumeError as exc:
+        console.print(f"[bold red]error:[/] --resume: {escape(str(exc))}")
+        return EXIT_BAD_INPUT
+    wall = (report["continued_by"][-1] if args.resume and report.get("continued_by")
+            else report)["wall_s"]
+    console.print(f"bench: {len(report['cases'])} cases ({wall:.0f} s) -> "
                   f"{args.out}/{report['environment']['hardware']}/bench.md")
     return 1 if report.get("errors") else 0
 
@@ -137,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=3,
                    help="measure a case's variants in turn this many times; each shows its "
                    "median round (default 3)")
+    b.add_argument("--resume", action="store_true",
+                   help="continue the bench.json in --out (same GPU, torch, Triton, CUDA): "
+                   "keep its cases and cost sections, measure only those it lacks (skipped "
+                   "by a budget, failed, or added since)")
     b.add_argument("--regret", action="store_true",
                    help="instead: time each case's own pack entry, its family siblings' "
                    "(H100's on an H200) and the default config in the same rounds; writes "

@@ -265,6 +265,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"- date: {env['date']}; driver {env.get('driver')}; torch {env['torch']}; "
         f"triton {env['triton']}; CUDA {env['cuda']}",
         f"- command: `{env['command']}`",
+        *[f"- continued by ({r['date']}): `{r['command']}`: "
+          + (r.get("note") or f"the cases the table lacked ({r['cases_before']} there before)")
+          for r in report.get("continued_by", [])],
         "- timing: `triton.testing.do_bench`, CUDA events, median of the repetitions (p20-p80 "
         "shown), warm-up first, L2 cleared before every repetition, fresh random inputs; "
         "the variants of a case are measured in turn, in rounds, and each shows its median "
@@ -363,19 +366,69 @@ class CostSettings:
     enabled: bool = True
 
 
+class ResumeError(ValueError):
+    """A bench.json that a ``--resume`` run cannot continue (another GPU or stack)."""
+
+
+#: What a continued bench must share with the one it continues: one table, one stack.
+SAME_STACK = ("hardware", "device_name", "torch", "triton", "cuda")
+
+
+def _case_key(c: Case | dict[str, Any]) -> tuple[str, str, str]:
+    d = c.__dict__ if isinstance(c, Case) else c
+    return d["kernel"], d["shape_name"], d["dtype"]
+
+
+def continued(out_dir: str | Path, hw: str, env: dict[str, Any]) -> dict[str, Any] | None:
+    """The bench.json under ``out_dir`` for ``hw`` that a ``--resume`` run continues (None:
+    there is none), with the run ``env`` recorded in its ``continued_by``; its skipped
+    and failed cases are dropped (this run measures them again). ResumeError where it
+    was measured on another device or stack: one table is one GPU and one stack."""
+    path = Path(out_dir) / hw / "bench.json"
+    if not path.is_file():
+        return None
+    try:
+        prev = json.loads(path.read_text())
+        first = prev["environment"]
+        cases = prev["cases"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ResumeError(f"{path}: not a bench.json that --resume can continue ({exc})") from None
+    differ = [f"{k} {first.get(k)!r} there, {env.get(k)!r} here" for k in SAME_STACK
+              if first.get(k) != env.get(k)]
+    if differ:
+        raise ResumeError(f"{path} was measured on another device or stack ("
+                          + "; ".join(differ) + "): run without --resume, or with another --out")
+    prev["skipped"] = [s for s in prev.get("skipped", []) if "section" in s]
+    prev["errors"] = [e for e in prev.get("errors", []) if "section" in e]
+    prev.setdefault("continued_by", []).append(
+        {"date": env["date"], "command": env["command"],
+         "cases_before": len(cases)})
+    return prev
+
+
 def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
               cases_file: str | Path | None = None, budget_s: float = 540.0,
               log: Callable[[str], None] = print,
-              cost: CostSettings | None = None, rounds: int = 3) -> dict[str, Any]:
+              cost: CostSettings | None = None, rounds: int = 3,
+              resume: bool = False) -> dict[str, Any]:
     """Benchmark every case, then the cost sections; write
-    ``<out_dir>/<hardware>/bench.{json,md}`` (after each step: a cut run keeps its part)."""
+    ``<out_dir>/<hardware>/bench.{json,md}`` (after each step: a cut run keeps its part).
+    ``resume``: keep the cases and cost sections of the bench.json there (same device and
+    stack) and measure only the ones it lacks: those a budget skipped, that failed, or
+    that were added since."""
     cost = cost or CostSettings()
     t0 = time.monotonic()
     spec = hardware.current_device()
+    env = environment(command)
+    prev = continued(out_dir, spec.key, env) if resume else None
     measurer = Measurer(Timing())
     peaks = device_peaks(spec)
-    report: dict[str, Any] = {"environment": environment(command), "peaks": peaks, "cases": []}
-    for case in load_cases(cases_file, kernels):
+    report: dict[str, Any] = prev or {"environment": env, "peaks": peaks, "cases": []}
+    done = {_case_key(c) for c in report["cases"]}
+    wanted = load_cases(cases_file, kernels)
+    for case in wanted:
+        if _case_key(case) in done:
+            continue
         left = budget_s - (COST_RESERVE_S if cost.enabled else 0) - (time.monotonic() - t0)
         if left < 20:
             log(f"bench: out of time budget, skipping {case}")
@@ -390,11 +443,16 @@ def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
             report.setdefault("errors", []).append({**case.__dict__, "error": repr(exc)[:500]})
             log(f"bench: {case} failed: {exc!r}"[:500])
         _write(out_dir, spec.key, report)
+    # A continued table keeps the cases' order of a run of all of them.
+    order = {_case_key(c): i for i, c in enumerate(wanted)}
+    report["cases"].sort(key=lambda c: order.get(_case_key(c), len(order)))
     measurer.release()  # the cost runs below need the GPU's memory
     for name, fn in (("tuning", _tuning_cost), ("lookup", _lookup_cost),
                      ("decorator", _decorator_cost)):
         if not cost.enabled:
             break
+        if name in report:  # measured by the run this one continues
+            continue
         if name == "decorator" and spec.key == "cpu":
             report.setdefault("skipped", []).append(
                 {"section": name, "why": "needs a GPU (triton.autotune's timing)"})
@@ -410,7 +468,10 @@ def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
             report.setdefault("errors", []).append({"section": name, "error": repr(exc)[:500]})
             log(f"bench: {name} failed: {exc!r}"[:500])
         _write(out_dir, spec.key, report)
-    report["wall_s"] = time.monotonic() - t0
+    if prev is not None:
+        report["continued_by"][-1]["wall_s"] = time.monotonic() - t0
+    else:
+        report["wall_s"] = time.monotonic() - t0
     _write(out_dir, spec.key, report)
     return report
 
