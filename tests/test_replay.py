@@ -510,5 +510,30 @@ def test_a_live_search_runs_the_sweep_s_case_as_a_first_tune(tmp_path: Path) -> 
     assert exp.dtypes == ["bf16"] and exp.hardware == ["H200"]
     assert exp.search.strategy == "pattern" and exp.search.trials == 300
     assert exp.search.warm_start and not exp.search.seed_from_packs
+    # The sweep's optimum waits in the run's pack, to be timed beside the finalists.
+    from harness.packs import format as packfmt
+
+    pack = packfmt.read(packfmt.pack_path(tmp_path / "packs", "H200", "matmul"))
+    (entry,) = pack["kernels"]["matmul"]["bf16"].values()
+    assert {k: entry["config"][k] for k in table.optimum} == table.optimum
     assert Path(exp.output.runs_dir) == tmp_path / "runs"
     assert exp.search_space["params"]["BLOCK_M"] == table.space["BLOCK_M"]
+
+
+def test_a_live_search_is_judged_side_by_side_with_the_recorded_optimum() -> None:
+    """The run's final re-measurement times the planted optimum (the incumbent) beside the
+    search's finalists: their ratio, same rounds, decides; an optimum the search measured
+    far slower than its best is not timed again, and the search's best counts as within."""
+    live = _live_search()
+    opt = {"config": {"X": 1}, "median_ms": 1.00, "incumbent": True}
+    rows = [{"config": {"X": 2}, "median_ms": 1.015, "incumbent": False},
+            {"config": {"X": 3}, "median_ms": 1.2, "incumbent": False}]
+    got = live.side_by_side({"remeasured": [*rows, opt]})
+    assert got["ratio"] == 1.015 and got["within"] and got["best"] == {"X": 2}
+    slower = live.side_by_side({"remeasured": [rows[1], opt]})
+    assert slower["ratio"] == 1.2 and not slower["within"]
+    gone = live.side_by_side({"remeasured": rows})
+    assert gone["optimum_ms"] is None and gone["within"]
+    assert not live.side_by_side({})["within"]
+    text = live._side(got, {"fraction": 0.03})
+    assert "**1.015x**" in text and "within 2 %" in text and "3.0%" in text
