@@ -108,7 +108,7 @@ for line in open(sys.argv[1]):
           f"{'' if c['complete'] else ' INCOMPLETE'}, optimum {c['optimum_ms']:.4g} ms "
           f"{c['optimum']}, {c['within_tol']} within 2%, grid GPU time {c['grid_cost_s']:.1f} s")
 PY
-# The sweeps' Optuna storages, so that one cut short can go on in a later call on a fresh
+# The sweeps' Optuna storages, so that one cut short can go on in a later run on a fresh
 # machine: `tar xzf runs.tgz` in the repository root there (or carry runs/), then the same
 # command continues it (--resume).
 tar czf "$OUT/runs.tgz" $(for n in "${names[@]}"; do [ -d "runs/$n" ] && echo "runs/$n"; done) \
