@@ -36,6 +36,8 @@ class OptunaStrategy(Strategy):
         super().__init__(setup)
         self._dists = {n: CategoricalDistribution(c)
                        for n, c in zip(self.space.names, self.space.choices, strict=True)}
+        # A sampler object given (``wrapping``) cannot be built again for ``ahead``'s probe.
+        self._rebuildable = sampler is None
         base = sampler if sampler is not None else self.make_sampler(setup)
         self._sampler = RepairSampler(self.space, base, random.Random(setup.seed),
                                       self._dists)
@@ -69,9 +71,7 @@ class OptunaStrategy(Strategy):
         """The first ``n`` asks before any result: a sampler's start-up draws (random, from
         its seed) until it has results to model, so the study's own strategy, with the
         same set-up, asks the same while the default and the warm start are measured."""
-        if type(self).make_sampler is OptunaStrategy.make_sampler:
-            return []  # a wrapped sampler object (``wrapping``): it cannot be copied
-        return self.first_asks(min(n, self.startup))
+        return self.first_asks(min(n, self.startup)) if self._rebuildable else []
 
     def tell(self, point: Point, outcome: Outcome) -> None:
         import optuna
