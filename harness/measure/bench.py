@@ -443,8 +443,9 @@ def run_bench(out_dir: str | Path, kernels: list[str] | None, command: str,
             report.setdefault("errors", []).append({**case.__dict__, "error": repr(exc)[:500]})
             log(f"bench: {case} failed: {exc!r}"[:500])
         _write(out_dir, spec.key, report)
-    # A continued table keeps the cases' order of a run of all of them.
-    order = {_case_key(c): i for i, c in enumerate(wanted)}
+    # A continued table keeps the cases' order of a run of all of them, whichever
+    # kernels this run measured.
+    order = {_case_key(c): i for i, c in enumerate(load_cases(cases_file, None))}
     report["cases"].sort(key=lambda c: order.get(_case_key(c), len(order)))
     measurer.release()  # the cost runs below need the GPU's memory
     for name, fn in (("tuning", _tuning_cost), ("lookup", _lookup_cost),
