@@ -242,6 +242,10 @@ def test_compile_ahead_survives_a_torch_compile_baseline(tmp_path: Path) -> None
     out = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
     (row,) = out["rows"]
     assert row["compile_latency_ms"] is not None  # the torch.compile baseline did run
+    # ... in the worker's own torch.compile process: the worker never imported Inductor.
+    assert row["compile_timed_in"] == "compiled-baseline process", row
+    assert all("inductor_import_s" not in (w.get("first_task") or {})
+               for w in out["workers"]), out["workers"]
     assert out["first_calls"]["watched"] >= 8  # the trials and the default config
     assert out["first_calls"]["ahead_missed"] == 0, out["first_calls"]
     assert out["first_calls"]["compiled_in_worker"] == 0, out["first_calls"]

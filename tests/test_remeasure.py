@@ -285,7 +285,8 @@ def test_a_config_clearly_slower_by_its_median_is_no_tie() -> None:
 
 def test_remeasurements_are_planned_in_rounds_with_their_own_budget() -> None:
     """Each candidate once per round, round-tagged, timed with remeasure_rep_ms where it
-    is longer than the search's budget (the search's own otherwise)."""
+    is longer than the search's budget (the search's own otherwise) and with
+    remeasure_warmup_ms where it is shorter."""
     from types import SimpleNamespace
 
     from harness import experiment
@@ -307,6 +308,9 @@ def test_remeasurements_are_planned_in_rounds_with_their_own_budget() -> None:
     assert len({t.group for t in tasks}) == 1
     slow = exp.model_copy(update={"timing": exp.timing.model_copy(update={"rep_ms": 100})})
     assert all(len(t.args) == 5 for t in _remeasure_tasks(slow, st))
+    # The search's warm-up longer than the rounds': the rounds' own (the GPU is warm).
+    warm = slow.model_copy(update={"timing": slow.timing.model_copy(update={"warmup_ms": 25})})
+    assert all(t.args[5] == {"warmup_ms": 5.0} for t in _remeasure_tasks(warm, st))
 
 
 def test_a_config_slower_in_every_round_is_no_tie_however_small_the_gap() -> None:

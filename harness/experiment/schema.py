@@ -80,6 +80,11 @@ class SearchSettings(_Strict):
         60.0, gt=0, description="do_bench's rep budget of each re-measurement (ms; at "
         "least timing.rep_ms): they decide between configs a few percent apart, which a "
         "short budget cannot order on a GPU whose clock moves under its power cap")
+    remeasure_warmup_ms: float = Field(
+        5.0, gt=0, description="do_bench's warm-up budget of each re-measurement (ms; at "
+        "most timing.warmup_ms): every finalist has run in the search and the GPU is kept "
+        "busy from round to round, so its clock is up; a full warm-up per round was a "
+        "third of a small kernel's final phase")
     pruner: Literal["none", "threshold", "median", "percentile"] = Field(
         "none", description="multi-fidelity: each config is first timed cheaply "
         "(cheap_rep_ms), this Optuna pruner stops the clearly bad ones there, the others are "

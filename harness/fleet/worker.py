@@ -33,6 +33,7 @@ from harness.fleet.compile import (
 )
 from harness.fleet.compile_child import skeleton
 from harness.fleet.compile_service import NodeCompiler
+from harness.fleet.compiled_baseline import CompiledBaseline
 from harness.measure.timing import Measurer, Timing, TrialResult, hardware
 from harness.run import faults
 from harness.search.keys import config_key
@@ -90,7 +91,17 @@ class Worker:
         ctx = ray.get_runtime_context()
         gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
         pin_triton_cache_dir()  # where the node's compile service writes the binaries
+        # The torch.compile baseline's own process (``compiled_baseline``), started
+        # first: its imports take longer than this worker's whole start.
+        self._compiled: CompiledBaseline | None = None
         if gpu_ids and gpu_device_nodes():
+            if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+                self._compiled = CompiledBaseline()
+                try:
+                    self._compiled.start()
+                except Exception as exc:  # the worker times the baseline itself
+                    log.warning("the torch.compile baseline's process did not start: %s", exc)
+                    self._compiled = None
             threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True).start()
         import torch
 
@@ -212,6 +223,7 @@ class Worker:
             "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
             "startup_s": dict(self.startup_s),
             "nice": self.nice,
+            "compiled_baseline": None if self._compiled is None else dict(self._compiled.stats),
         }
 
     @ray.method(concurrency_group="control")
@@ -374,6 +386,8 @@ class Worker:
             if idle and quiet > self.keep_s:
                 if self.pre is not None:
                     self.pre.close()
+                if self._compiled is not None:
+                    self._compiled.close()
                 os._exit(0)
 
     def _wake(self, *_: Any) -> None:
@@ -577,7 +591,9 @@ class Worker:
             return True
         # Not before the first trial: the import holds this thread for seconds (9 s on a
         # 64-core host busy starting its compile service) while the first compiles land.
-        if not self._inductor and not self.spec.interpreted and self._first_task is None:
+        # Not at all where the baseline's own process times it.
+        if (not self._inductor and not self.spec.interpreted and self._first_task is None
+                and self._compiled is None):
             self._inductor = True
             try:
                 import torch._dynamo  # noqa: F401
@@ -662,8 +678,14 @@ class Worker:
         if self.pre is not None:  # the problem in hand: its trials may run as they compile
             self._current = (problem_key(kernel, shape, dtype, seed), fam, shape, dtype, seed)
         full = self.measurer.timing
-        if timing:
-            self.measurer.timing = _replace(full, **timing)
+        budgets = _replace(full, **timing) if timing else full
+        if compiled and self._compiled is not None:
+            # Timed in its own process while this thread waits: the GPU runs nothing else.
+            out = self._compiled.measure(kernel, shape, dtype, seed, budgets)
+            if out is not None:
+                out.setdefault("extra", {}).update(self.where, peaks=self.peaks())
+                return out
+        self.measurer.timing = budgets
         try:
             res = self.measurer.measure_eager(fam, shape, dtype, seed, compiled)
         finally:

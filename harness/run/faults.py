@@ -6,7 +6,8 @@ within seconds and says what it waited for, never waiting silently.
 - ``compile_lost``: a node's compile service records no outcome for a compile;
 - ``compile_hang``: a compile child hangs inside its compile;
 - ``logger_hang``: the MLflow logger stops answering;
-- ``writer_hang``: the Optuna study writer stops answering.
+- ``writer_hang``: the Optuna study writer stops answering;
+- ``baseline_hang``: a worker's torch.compile baseline process never answers a task.
 
 The driver's setting reaches the actors it starts (``actor_env``).
 """

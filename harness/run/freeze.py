@@ -120,6 +120,9 @@ def row(st: Any) -> dict[str, Any]:
         row["params"] = st.final[0] if st.final else st.search.best()[0]  # type: ignore[index]
         row.update(metrics)
         row["winner_found"] = st.search.found_at(row["params"])
+        timed_in = ((st.compiled or {}).get("extra") or {}).get("timed_in")
+        if timed_in:  # the worker's own torch.compile process (``compiled_baseline``)
+            row["compile_timed_in"] = timed_in
         if st.final:
             row["winner_reason"] = st.final[1]
             # Every candidate's re-measurements, in round order: why this one won.

@@ -172,13 +172,17 @@ def remeasure_tasks(exp: experiment.Experiment, st: Any,
     finalist is re-measured: under the interpreter), each timing every finalist of
     ``st.candidates`` and then every baseline of ``st.baselines`` with
     ``remeasure_rep_ms`` (at least the search's budget), tagged with what it times and
-    its round. One GPU times them all (one group): interleaving only cancels drifts
-    where they are compared on the same device. ``timing``: the experiment's own
-    budgets, where they differ from the fleet's (``StudyState.timing``)."""
+    its round, with ``remeasure_warmup_ms`` of warm-up. One GPU times them all (one
+    group): interleaving only cancels drifts where they are compared on the same
+    device. ``timing``: the experiment's own budgets, where they differ from the
+    fleet's (``StudyState.timing``)."""
     rep = max(exp.search.remeasure_rep_ms, exp.timing.rep_ms)
     budgets = dict(timing or {})
     if rep > exp.timing.rep_ms:
         budgets["rep_ms"] = rep
+    full_warmup = budgets.get("warmup_ms", exp.timing.warmup_ms)
+    if exp.search.remeasure_warmup_ms < full_warmup:
+        budgets["warmup_ms"] = exp.search.remeasure_warmup_ms
     longer = (budgets,) if budgets else ()
     spec, group = st.spec, f"remeasure {st.spec.name}"
     n_cands = len(st.candidates)
