@@ -3,7 +3,7 @@
 torch.compile's modules take seconds to import (8.7 s in a new H200 worker while its
 node's compile service filled 14 cores), and a worker that imported them itself held its
 GPU for them while the search's compiled configs waited. This process imports them on
-another core from the worker's start, beside the search, and times the baseline when the
+another core from the worker's first trial on, beside the search, and times the baseline when the
 final phase asks for it: the worker sends the problem, waits with its GPU idle, and
 takes the result, so the baseline is still timed in the same interleaved rounds, on the
 same GPU, by the same code (``Measurer.measure_eager``) as before. Its inputs and
@@ -136,7 +136,10 @@ class CompiledBaseline:
         """The baseline's result (``TrialResult.to_dict``), or None: the worker times it
         itself (the process could not import torch.compile, or cannot be started)."""
         with self._lock:
-            self._start_locked()
+            try:
+                self._start_locked()
+            except Exception as exc:  # cannot start a process here: the worker times it
+                self._broken = f"its process could not be started: {exc}"
             if self._broken:
                 return None
             if not self._ready:

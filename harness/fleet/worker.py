@@ -91,17 +91,14 @@ class Worker:
         ctx = ray.get_runtime_context()
         gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
         pin_triton_cache_dir()  # where the node's compile service writes the binaries
-        # The torch.compile baseline's own process (``compiled_baseline``), started
-        # first: its imports take longer than this worker's whole start.
+        # The torch.compile baseline's own process (``compiled_baseline``), started once
+        # the first trial is done (``_measure``): started with the worker, its imports
+        # slowed the node's compile service's start (an H200's first trials then
+        # compiled in the worker).
         self._compiled: CompiledBaseline | None = None
         if gpu_ids and gpu_device_nodes():
             if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
                 self._compiled = CompiledBaseline()
-                try:
-                    self._compiled.start()
-                except Exception as exc:  # the worker times the baseline itself
-                    log.warning("the torch.compile baseline's process did not start: %s", exc)
-                    self._compiled = None
             threading.Thread(target=_warm_check, name="harness-warm-check", daemon=True).start()
         import torch
 
@@ -651,6 +648,7 @@ class Worker:
             self.measurer.timing = full
         res.extra["setup_s"] = wait_s  # inputs built, waited on the ahead-of-time compile
         if first is not None:
+            self._start_compiled_baseline()
             # The first trial's own breakdown: what a cold start waits for in the worker.
             self._first_task = None
             res.extra["first_task"] = {
@@ -667,6 +665,15 @@ class Worker:
         if here:
             res.extra["compiled_here"] = True  # by choice: the service was still starting
         return res.to_dict()
+
+    def _start_compiled_baseline(self) -> None:
+        if self._compiled is None:
+            return
+        try:
+            self._compiled.start()
+        except Exception as exc:  # the worker times the baseline itself
+            log.warning("the torch.compile baseline's process did not start: %s", exc)
+            self._compiled = None
 
     def _eager(self, kernel: str, shape: dict, dtype: str, seed: int, compiled: bool,
                timing: dict | None = None) -> dict:
