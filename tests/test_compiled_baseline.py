@@ -40,6 +40,9 @@ def test_the_baseline_is_timed_and_checked_in_its_own_process(proc) -> None:
     assert pid != os.getpid()
     assert proc.stats["measured"] == 1 and proc.stats["ready_s"] > 0
     assert proc.stats["imports_s"] > 0
+    # What the run's summary reports per worker: ready, imports, the baselines' wait.
+    assert got["extra"]["compiled_baseline"]["measured"] == 1
+    assert 0 <= got["extra"]["compiled_baseline"]["waited_s"] <= proc.stats["ready_s"] + 1
     # The same as this process measures it (accuracy: the same inputs from the seed).
     here = Measurer(TIMING).measure_eager(kernel_api.get("rmsnorm"), _shape("rmsnorm"),
                                           "fp32", 0, compiled=True)

@@ -246,6 +246,7 @@ def test_compile_ahead_survives_a_torch_compile_baseline(tmp_path: Path) -> None
     assert row["compile_timed_in"] == "compiled-baseline process", row
     assert all("inductor_import_s" not in (w.get("first_task") or {})
                for w in out["workers"]), out["workers"]
+    assert all(w["compiled_baseline"]["measured"] >= 1 for w in out["workers"])
     assert out["first_calls"]["watched"] >= 8  # the trials and the default config
     assert out["first_calls"]["ahead_missed"] == 0, out["first_calls"]
     assert out["first_calls"]["compiled_in_worker"] == 0, out["first_calls"]

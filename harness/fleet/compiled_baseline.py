@@ -143,6 +143,7 @@ class CompiledBaseline:
             if self._broken:
                 return None
             if not self._ready:
+                t_wait = time.monotonic()
                 try:
                     msg = self._recv("readiness", READY_S)
                 except (TimeoutError, ChildProcessError) as exc:
@@ -155,6 +156,9 @@ class CompiledBaseline:
                     return None
                 self._ready = True
                 self.stats["ready_s"] = round(time.monotonic() - self._t_start, 2)
+                # How long a baseline waited, the GPU idle, for the process's imports.
+                self.stats["waited_s"] = round(self.stats.get("waited_s", 0.0)
+                                               + time.monotonic() - t_wait, 2)
                 self.stats.update(msg[2])
             try:
                 self._conn.send((kernel, dict(shape), dtype, seed,
@@ -173,7 +177,8 @@ class CompiledBaseline:
                 # next baseline gets a new process.
                 out["fatal"] = False
                 self._stop_locked()
-            out.setdefault("extra", {})["timed_in"] = "compiled-baseline process"
+            out.setdefault("extra", {}).update(timed_in="compiled-baseline process",
+                                               compiled_baseline=dict(self.stats))
             return out
 
     def close(self) -> None:

@@ -336,6 +336,8 @@ class Fleet(Workers):
             slot.book["tasks"] = slot.book.get("tasks", 0) + 1
             if extra.get("first_task") and not slot.first_task:
                 slot.first_task = dict(extra["first_task"])
+            if extra.get("compiled_baseline"):
+                slot.compiled_baseline = dict(extra["compiled_baseline"])
         if not baseline and "first_call_compiled" in extra:
             self.first_calls["watched"] += 1
             if extra.get("compiled_here"):

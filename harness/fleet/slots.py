@@ -97,6 +97,9 @@ class _Slot:
     #: Where its first trial's time went in the worker (inputs, the compile's outcome,
     #: the first launch): what a cold start waits for once the worker is up.
     first_task: dict[str, Any] = field(default_factory=dict)
+    #: Its torch.compile baseline's process as last heard (``compiled_baseline``): when
+    #: it was ready, its imports, how long baselines waited for it.
+    compiled_baseline: dict[str, Any] = field(default_factory=dict)
 
 
 _SLOT_IDS = itertools.count()
@@ -387,7 +390,9 @@ class Workers(Cluster):
             out.append({"hardware": slot.hardware, "node_id": slot.info.get("node_id", ""),
                         "gpu_ids": slot.info.get("gpu_ids", []), "held_s": round(held, 3),
                         "timing_fraction": round(timing / held, 4) if held else None,
-                        **book, **({"first_task": slot.first_task} if slot.first_task else {})})
+                        **book, **({"first_task": slot.first_task} if slot.first_task else {}),
+                        **({"compiled_baseline": slot.compiled_baseline}
+                           if slot.compiled_baseline else {})})
         return out
 
     def held_s(self) -> float:
