@@ -15,6 +15,8 @@ from harness.fleet import head_start
 from harness.fleet.head_start import HeadStart
 from tests.fault_kernels import cli_env
 
+FAULTY_NAME = "tests.fault_kernels:Faulty"
+
 
 @pytest.mark.parametrize(("env", "workers", "why"), [
     ({"HARNESS_HEAD_START": "off", "HARNESS_PRECOMPILE": "force"}, "auto", "turned off"),
@@ -48,7 +50,8 @@ def test_few_cores_no_head_start_unless_asked(monkeypatch) -> None:
 def test_a_run_compiles_its_first_configs_before_the_fleet(tmp_path: Path) -> None:
     """A run on its own Ray (the interpreter, compile-ahead forced): the head start
     compiles the first study's known configs (its default and its strategy's first asks)
-    and the run goes on as usual."""
+    and measures them as they compile, before the fleet is up; the search takes those
+    results as its first trials, and the run goes on as usual."""
     exp = {
         "name": "head", "kernel": "rmsnorm", "shapes": [{"rows": 5, "cols": 300}],
         "dtypes": ["fp32"],
@@ -82,6 +85,22 @@ def test_a_run_compiles_its_first_configs_before_the_fleet(tmp_path: Path) -> No
     assert service["spawn_s"] >= 0, service
     (row,) = out["rows"]
     assert row["counts"]["measured"] >= 2 and row["counts"]["failed"] == 0, row["counts"]
+    # It measured the first asks too, before the fleet: the search took them as trials.
+    first = head["first_trials"]
+    assert first["measured"] >= 1 and first["used"] >= 1, first
+    assert first["used"] <= first["measured"] <= first["asked"], first
+    # The run's first trial: the first of them the search took, before its workers.
+    timeline = out["timeline_s"]
+    assert 0 < first["first_result_s"] <= timeline["first_trial"], (first, timeline)
+    assert timeline["first_trial"] <= timeline["workers_ready"], timeline
+    import optuna
+
+    study = optuna.load_study(study_name=None,
+                              storage=f"sqlite:///{tmp_path}/runs/head/optuna.db")
+    ahead = [t for t in study.trials if (t.user_attrs.get("result") or {}).get(
+        "extra", {}).get("measured_by") == "head start"]
+    assert len(ahead) == first["used"], [t.user_attrs for t in study.trials]
+    assert all(t.user_attrs.get("status") == "measured" for t in ahead)
 
 
 @pytest.mark.slow
@@ -122,3 +141,54 @@ def test_no_gpu_type_no_head_start() -> None:
         pytest.skip("NVML sees a GPU here")
     assert head.start() is False and head.pool.children() == []
     head.close()
+
+
+def test_first_trials_stop_after_the_measurement_in_hand(monkeypatch) -> None:
+    """The head start's measuring process (``first_trials``), on the interpreter: it
+    measures each config once its compile is done, in order; ``stop`` lets the
+    measurement in hand finish and returns what was measured, with the process gone."""
+    import threading
+    import time
+    from concurrent.futures import Future
+
+    from harness.fleet.compile import _pool_context
+    from harness.fleet.first_trials import FirstTrials
+    from harness.search.keys import config_key
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    configs = [{"FAULT": "none", "SLEEP_MS": ms, "BLOCK": block, "COMPILE_MS": 0}
+               for ms, block in ((0, 128), (0, 256), (400, 128), (0, 64))]
+    gate: Future = Future()  # the last config's compile: never done before ``stop``
+    compiles = {config_key(configs[-1]): gate}
+    first = FirstTrials(_pool_context(), "s", FAULTY_NAME, {"N": 256}, "fp32", 0,
+                        {"warmup_ms": 1, "rep_ms": 1, "cpu_reps": 1}, configs,
+                        lambda c: compiles.get(config_key(c)))
+    first.start()
+    deadline = time.monotonic() + 120
+    while len(first.results) < 2:  # the first two are measured as soon as it is up
+        assert time.monotonic() < deadline, first.report()
+        time.sleep(0.1)
+    while not first.results.get(config_key(configs[2])) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the slow one: measured while the last waits for its compile
+    got = first.stop(timeout_s=60)
+    assert set(got) == {config_key(c) for c in configs[:3]}, got
+    res, at = got[config_key(configs[0])]
+    assert res["ok"] and res["extra"]["measured_by"] == "head start"
+    assert at <= time.monotonic()
+    assert first._proc is not None and not first._proc.is_alive()
+    assert first.report()["why_stopped"] == "stopped"
+    assert not any(t.name == "harness-first-trials" and t.is_alive()
+                   for t in threading.enumerate())
+
+
+def test_first_trials_stopped_while_building_end_at_once(monkeypatch) -> None:
+    from harness.fleet.compile import _pool_context
+    from harness.fleet.first_trials import FirstTrials
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    first = FirstTrials(_pool_context(), "s", FAULTY_NAME, {"N": 256}, "fp32", 0,
+                        {"warmup_ms": 1, "rep_ms": 1}, [{"FAULT": "none"}], lambda c: None)
+    first.start()
+    assert first.stop(timeout_s=30) == {}
+    assert first.report()["why_stopped"] in ("stopped while it built its inputs", "stopped",
+                                            "all measured")

@@ -220,6 +220,11 @@ def _fleet(out: Console, summary: Any) -> None:
         out.print(f"head start: {head['compiled']} of {head['submitted']} builds done; "
                   f"{_pool_line(head)}",
                   markup=False, highlight=False)
+    first = head.get("first_trials") or {}
+    if first.get("measured"):
+        out.print(f"head start: {first['measured']} first trials measured before the workers "
+                  f"were ready (the first at {first['first_result_s']} s), {first['used']} "
+                  "taken by the search", markup=False, highlight=False)
     for event in summary.events:
         out.print(f"fleet: {event}", markup=False)
 

@@ -23,12 +23,14 @@ from typing import Any
 from harness.fleet.compile import (
     COMPILE_TIMEOUT_RATIO,
     Precompiler,
+    _pool_context,
     gpu_device_nodes,
     pin_triton_cache_dir,
     precompile_enabled,
     problem_key,
 )
 from harness.fleet.compile_child import PREBUILD, skeleton
+from harness.fleet.first_trials import FirstTrials
 from harness.measure import hardware
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,13 @@ class HeadStart:
         self._closer: threading.Thread | None = None
         self.submitted = 0
         self.done = 0
+        #: The first study's first trials, measured here (``submit``'s ``measure``).
+        self.first: FirstTrials | None = None
+        #: Set once the head start has decided what it does (``submit`` or not at all).
+        self.decided = threading.Event()
+        self._deferred: tuple[str, Any] | None = None  # the prebuild, after the trials
+        self._cancelled = False  # no first trials from here any more (``cancel``)
+        self._lock = threading.Lock()
         pin_triton_cache_dir()  # the workers' and the compile service's cache
         self.pool = Precompiler(PROCESSES, timeout_s=timeout_s, ratio=ratio)
 
@@ -119,37 +128,88 @@ class HeadStart:
             return None
 
     def submit(self, study: Any, configs: Sequence[dict[str, Any]], prebuild: bool,
-               seed: int = 0) -> None:
+               seed: int = 0, measure: dict[str, float] | None = None) -> None:
         """Compile ``configs`` of ``study`` (a ``StudyPlan`` on this machine's key), on
         its inputs' layout built on the CPU (a layout, not data: a data-dependent
         specialisation that differs from the GPU's only costs a compile in vain); then,
         where ``prebuild``, build its torch.compile baseline as the node's compile
         service would (``PREBUILD``: Inductor's output into this machine's caches, which
         the worker's own build of the final rounds then finds). The processes end once
-        all of it is done: each holds a CUDA context."""
-        spec, fam = study.spec, study.family
-        problem = problem_key(spec.kernel, spec.shape, spec.dtype, seed)
-        jobs: list[tuple[Any, list[dict[str, Any]]]] = []
-        if fam.compiles_ahead and configs:
-            inputs = fam.make_inputs(spec.shape, spec.dtype, seed, "cpu")
-            jobs.append((skeleton(inputs), list(configs)))
-        if prebuild:
-            jobs.append((None, [{PREBUILD: "torch.compile", "dtype": spec.dtype,
-                                 "seed": seed}]))
-        futures = []
-        for skel, batch in jobs:
-            self.pool.submit(problem, spec.kernel, spec.shape, skel, batch)
-            self.submitted += len(batch)
-            futures += [f for c in batch if (f := self.pool.pending(problem, c)) is not None]
-        self._closer = threading.Thread(target=self._close_when_done, args=(futures,),
-                                        name="harness-head-start", daemon=True)
-        self._closer.start()
+        all of it is done: each holds a CUDA context. ``measure``: do_bench's budgets to
+        measure those configs with, here, as they compile (``first_trials``); the
+        prebuild then waits until the measuring is over (it runs on the GPU)."""
+        try:
+            spec, fam = study.spec, study.family
+            problem = problem_key(spec.kernel, spec.shape, spec.dtype, seed)
+            jobs: list[tuple[Any, list[dict[str, Any]]]] = []
+            if fam.compiles_ahead and configs:
+                inputs = fam.make_inputs(spec.shape, spec.dtype, seed, "cpu")
+                jobs.append((skeleton(inputs), list(configs)))
+            futures = []
+            for skel, batch in jobs:
+                self.pool.submit(problem, spec.kernel, spec.shape, skel, batch)
+                self.submitted += len(batch)
+                futures += [f for c in batch
+                            if (f := self.pool.pending(problem, c)) is not None]
+            build = [{PREBUILD: "torch.compile", "dtype": spec.dtype, "seed": seed}]
+            with self._lock:
+                if measure is not None and configs and not self._cancelled:
+                    self.first = FirstTrials(_pool_context(), spec.name, spec.kernel,
+                                             spec.shape, spec.dtype, seed, measure, configs,
+                                             lambda c: self.pool.pending(problem, c))
+                    self.first.start()
+            if self.first is not None:
+                if prebuild:
+                    self._deferred = (problem, (spec.kernel, spec.shape, build))
+            elif prebuild:
+                self.pool.submit(problem, spec.kernel, spec.shape, None, build)
+                self.submitted += 1
+                futures += [f for c in build if (f := self.pool.pending(problem, c))]
+            self._closer = threading.Thread(target=self._close_when_done, args=(futures,),
+                                            name="harness-head-start", daemon=True)
+            self._closer.start()
+        finally:
+            self.decided.set()
 
     def _close_when_done(self, futures: list) -> None:
         wait(futures)  # every compile resolves: done, failed or timed out by the pool
+        if self.first is not None:
+            self.first._thread.join()  # until all are measured or the fleet stops it
+        if self._deferred is not None:
+            problem, (kernel, shape, build) = self._deferred
+            self.pool.submit(problem, kernel, shape, None, build)
+            self.submitted += 1
+            futures += [f for c in build if (f := self.pool.pending(problem, c))]
+            wait(futures)
         self.done = sum(1 for f in futures if not f.cancelled() and f.exception() is None
                         and (f.result() or {}).get("ok"))
         self.close()
+
+    def measuring(self, key: str, timeout_s: float = 5.0) -> bool:
+        """Whether the head start measures the first trials of ``key``'s first study.
+        It decides seconds before the fleet starts; one undecided after ``timeout_s``
+        is told not to measure, so that it never times beside a worker."""
+        if not self.decided.wait(timeout_s):
+            log.warning("the head start had not decided after %g s: its first trials are "
+                        "left to the fleet", timeout_s)
+            self.decided.set()
+            self.cancel()
+            return False
+        return self.first is not None and str(self.key) == key
+
+    def cancel(self) -> None:
+        """No first trials from here (those measured are kept for ``take``)."""
+        with self._lock:
+            self._cancelled = True
+        if self.first is not None:
+            self.first.stop()
+
+    def take(self) -> tuple[str, dict[str, tuple[dict[str, Any], float]]] | None:
+        """Stop the measuring (the measurement in hand finishes, the process ends: the
+        GPU is the fleet's) and return (study name, config key -> (result, when))."""
+        if self.first is None:
+            return None
+        return self.first.study, self.first.stop()
 
     def wait_done(self, timeout_s: float) -> None:
         """Wait until the submitted compiles are done and the processes gone."""
@@ -161,8 +221,11 @@ class HeadStart:
                                    f"done after {timeout_s:g} s")
 
     def close(self) -> None:
+        self.decided.set()
+        self.cancel()
         self.pool.close()
 
     def report(self) -> dict[str, Any]:
+        first = {"first_trials": self.first.report()} if self.first is not None else {}
         return {"hardware": self.key, "submitted": self.submitted, "compiled": self.done,
-                **self.pool.timeline()}
+                **self.pool.timeline(), **first}

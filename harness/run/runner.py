@@ -180,7 +180,7 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
     try:
         _run(members, summary, fs, console, progress, fleet,
              trackers_f or partial(bk.trackers_once_valid, checked, members), early, planned_f,
-             storages_f, stop_ray)
+             storages_f, stop_ray, head)
     finally:
         if not planned_f.done():  # the storages' thread waits for nothing more
             planned_f.set_exception(RuntimeError("the run ended before its studies were planned"))
@@ -188,6 +188,12 @@ def execute(members: list[Member], summary: Summary, console: Console, progress:
         if head is not None:
             head.close()
             summary.head_start = head.report()
+            first = summary.head_start.get("first_trials")
+            if first is not None:
+                # How many the search took, and when the first result came.
+                first["used"] = (summary.fleet or {}).get("first_trials", {}).get("used", 0)
+                at = first.pop("first_at", None)
+                first["first_result_s"] = None if at is None else round(at - t_start, 2)
         for thread in stopping:
             thread.join()
         for m in members:
@@ -263,9 +269,10 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
          console: Console, progress: bool, fleet: Fleet,
          trackers_f: Future | Callable[[], dict[str, Tracker]],
          early: dict[str, tuple[Any, Any] | None],
-         planned_f: Future, storages_f: Future, release: Callable[[], None]) -> None:
+         planned_f: Future, storages_f: Future, release: Callable[[], None],
+         head: HeadStart | None = None) -> None:
     """The run's steps once Ray is up; ``release`` gives the GPUs back and stops a Ray
-    this run started."""
+    this run started; ``head``: the head start, whose first trials the search takes."""
     targets, available = _targets(members, fs, fleet, console)
     for m in members:  # each study's device spec and space, resolved once for the run
         m.plan = _plan(m).for_hardware(m.targets)
@@ -278,7 +285,10 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     for hw, planned in schedule.first_studies(
             [s for m in members for s in _plan(m).studies]).items():
         spec = planned.spec
-        if not by_name[spec.experiment].resume:
+        # Where the head start measures this study's first trials, the worker must not
+        # touch the GPU before the scheduler has stopped it: no first problem built.
+        if not by_name[spec.experiment].resume and not (head is not None
+                                                        and head.measuring(hw)):
             first[hw] = (spec.kernel, spec.shape, spec.dtype, 0,
                          schedule.known_configs(planned))
     fleet.launch({k: available[k] for k in targets}, first=first or None)
@@ -368,7 +378,8 @@ def _run(members: list[Member], summary: Summary, fs: experiment.FleetSettings,
     sched = schedule.Scheduler(
         [m.exp for m in active], fleet, studies,
         lambda t, r: mem.record(t, r, owner(t.tag[1])), tick,
-        lambda st: mem.plots(owner(st), st), study_done)
+        lambda st: mem.plots(owner(st), st), study_done,
+        first_trials=head.take if head is not None else None)
     stopped = False
     try:
         sched.run(console, progress)
@@ -411,7 +422,8 @@ def _books(summary: Summary, sched: schedule.Scheduler, studies: list[schedule.S
     summary.fleet = {
         "workers": fleet.worker_report(),
         "driver_s": {k: round(v, 3) for k, v in sched.driver_s.items()},
-        "studies": _study_times(studies, summary.t0)}
+        "studies": _study_times(studies, summary.t0),
+        **({"first_trials": dict(sched.premeasured)} if sched.premeasured else {})}
     account(fleet, summary, console)
 
 
@@ -523,8 +535,14 @@ def _head_start_once_valid(checked: Future, members: list[Member], head: HeadSta
         if first is None or owner is None or owner.resume:
             head.close()
             return
+        # Its first trials measured here too, where each is one plain measurement (a
+        # multi-fidelity study times a cheap pass first).
+        timing = owner.exp.timing
+        measure = ({"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms}
+                   if owner.exp.search.pruner == "none" else None)
         head.submit(first, schedule.known_configs(first),
-                    prebuild=mem.want_compile(owner.exp, first.device, first.family))
+                    prebuild=mem.want_compile(owner.exp, first.device, first.family),
+                    measure=measure)
     except Exception as exc:  # only a head start: the fleet compiles them as usual
         log.warning("the head start of the first compiles failed: %s", exc)
         head.close()

@@ -11,6 +11,7 @@ precedence over search work, so that the last studies do not end in a long tail.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -26,8 +27,11 @@ from harness.kernel.api import DeviceSpec, Kernel
 from harness.measure.timing import TrialResult
 from harness.run import remeasure
 from harness.search import Search, warmstart
+from harness.search.keys import config_key
 from harness.search.strategies import registry as strategies
 from harness.search.strategies.base import Setup
+
+log = logging.getLogger(__name__)
 
 #: The most configs a new worker is given to compile while it starts (``known_configs``):
 #: the first of a larger grid, in the order they will be asked for. Well under what the
@@ -335,12 +339,17 @@ class Scheduler:
                  on_result: Callable[[Task, TrialResult], None],
                  on_tick: Callable[[], None] = lambda: None,
                  on_search_done: Callable[[StudyState], None] = lambda st: None,
-                 on_done: Callable[[StudyState], None] = lambda st: None) -> None:
+                 on_done: Callable[[StudyState], None] = lambda st: None,
+                 first_trials: Callable[[], tuple[str, dict[str, tuple[dict[str, Any], float]]]
+                                        | None] | None = None) -> None:
         """``experiments``: the studies' experiments (several: a campaign, one fleet);
         ``on_result``: a search task's result (``members.record``); ``on_tick``: called once
         per turn of the loop (the storage's and the logger's bookkeeping);
         ``on_search_done``: a study's search has ended (its plots can be drawn);
-        ``on_done``: its final phase has ended (its baselines are known)."""
+        ``on_done``: its final phase has ended (its baselines are known);
+        ``first_trials``: stops the head start's measuring and returns what it measured
+        of one study's first asks (``harness.fleet.first_trials``), called before any
+        task is sent: those asks are answered with it."""
         self.exps = {e.name: e for e in experiments}
         self.fleet, self.studies = fleet, studies
         self.on_result, self.on_tick = on_result, on_tick
@@ -359,6 +368,11 @@ class Scheduler:
         self.times: dict[str, float] = {}
         self._hinted: set[int] = set()  # worker slots told the coming studies' configs
         self._coming: dict[int, list[dict[str, Any]]] = {}  # id(study) -> what it tells
+        self._take_first = first_trials
+        #: The head start's results not asked for yet: (study name, config key) ->
+        #: (result, when it came); and how many it measured and the search used.
+        self._first: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
+        self.premeasured: dict[str, int] = {}
 
 
     # -- choosing ---------------------------------------------------------------------
@@ -441,12 +455,16 @@ class Scheduler:
             for slot in self.fleet.rooms(hw).keys() - self._hinted:
                 self._hint(slot, hw)
             for slot, room in self.fleet.rooms(hw).items():
-                for _ in range(room):
+                sent = 0
+                while sent < room:
                     task = self._next(slot, hw)
                     if task is None:
                         break
+                    if self._answered(task):
+                        continue
                     self.fleet.submit(task, to=slot)
                     self.driver_s["tasks"] += 1
+                    sent += 1
             left |= any(s.phase != "done" for s in self.by_hw[hw]) and bool(
                 self.fleet.workers(hw))
         self.driver_s["hand_out"] += time.perf_counter() - t0
@@ -477,6 +495,33 @@ class Scheduler:
             configs = configs[:budget]
             budget -= len(configs)
             self.fleet.hint(slot, st.spec.kernel, st.spec.shape, st.spec.dtype, 0, configs)
+
+    def _answered(self, task: Task) -> bool:
+        """A trial the head start measured already: its result taken as if a worker had
+        just returned it (the first trial's time: when the head start had it)."""
+        if task.tag[0] != "trial" or not self._first:
+            return False
+        got = self._first.pop((task.tag[1].spec.name, config_key(task.tag[3])), None)
+        if got is None:
+            return False
+        res, at = got
+        self.times["first_trial"] = min(self.times.get("first_trial", at), at)
+        self.premeasured["used"] = self.premeasured.get("used", 0) + 1
+        self._result(task, TrialResult(**res))
+        return True
+
+    def _take_first_trials(self) -> None:
+        if self._take_first is None:
+            return
+        try:
+            taken = self._take_first()
+        except Exception as exc:  # only a head start: the fleet measures them
+            log.warning("the head start's first trials were not taken: %s", exc)
+            return
+        if taken:
+            study, results = taken
+            self._first = {(study, key): v for key, v in results.items()}
+            self.premeasured = {"measured": len(results), "used": 0}
 
     # -- results ----------------------------------------------------------------------
     def _result(self, task: Task, result: TrialResult) -> None:
@@ -560,6 +605,8 @@ class Scheduler:
                             status=f"best {'; '.join(best[-2:]) or '-'} | failed {fails} | "
                                    f"studies done {done}/{len(sts)}")
 
+            # Before any task reaches a worker: the head start's measuring ends first.
+            self._take_first_trials()
             while True:
                 for sts in self.by_hw.values():
                     for st in sts:
