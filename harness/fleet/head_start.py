@@ -89,7 +89,6 @@ class HeadStart:
         self.first: FirstTrials | None = None
         #: Set once the head start has decided what it does (``submit`` or not at all).
         self.decided = threading.Event()
-        self._deferred: tuple[str, Any] | None = None  # the prebuild, after the trials
         self._cancelled = False  # no first trials from here any more (``cancel``)
         self._lock = threading.Lock()
         pin_triton_cache_dir()  # the workers' and the compile service's cache
@@ -137,7 +136,7 @@ class HeadStart:
         the worker's own build of the final rounds then finds). The processes end once
         all of it is done: each holds a CUDA context. ``measure``: do_bench's budgets to
         measure those configs with, here, as they compile (``first_trials``); the
-        prebuild then waits until the measuring is over (it runs on the GPU)."""
+        prebuild is then left to the node's compile service (it runs on the GPU)."""
         try:
             spec, fam = study.spec, study.family
             problem = problem_key(spec.kernel, spec.shape, spec.dtype, seed)
@@ -158,10 +157,10 @@ class HeadStart:
                                              spec.shape, spec.dtype, seed, measure, configs,
                                              lambda c: self.pool.pending(problem, c))
                     self.first.start()
-            if self.first is not None:
-                if prebuild:
-                    self._deferred = (problem, (spec.kernel, spec.shape, build))
-            elif prebuild:
+            # The prebuild runs what Inductor generates on the GPU: not beside the first
+            # trials. Where they are measured here, the node's compile service builds it
+            # once the study starts, as for every other study.
+            if self.first is None and prebuild:
                 self.pool.submit(problem, spec.kernel, spec.shape, None, build)
                 self.submitted += 1
                 futures += [f for c in build if (f := self.pool.pending(problem, c))]
@@ -175,12 +174,6 @@ class HeadStart:
         wait(futures)  # every compile resolves: done, failed or timed out by the pool
         if self.first is not None:
             self.first._thread.join()  # until all are measured or the fleet stops it
-        if self._deferred is not None:
-            problem, (kernel, shape, build) = self._deferred
-            self.pool.submit(problem, kernel, shape, None, build)
-            self.submitted += 1
-            futures += [f for c in build if (f := self.pool.pending(problem, c))]
-            wait(futures)
         self.done = sum(1 for f in futures if not f.cancelled() and f.exception() is None
                         and (f.result() or {}).get("ok"))
         self.close()
