@@ -93,13 +93,15 @@ def test_ties_without_neighbours_go_to_the_smallest_footprint_whatever_the_noise
 def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path, faulty_events: Path,
                                                       mlflow_db: Path) -> None:
     events = faulty_events
-    # ms: gaps a loaded 2-core machine's jitter does not bridge, so the winner is known
-    sleeps = [0, 100, 200, 300]
+    # ms: gaps a loaded 2-core machine's jitter does not bridge, so the two finalists are
+    # known (the two block sizes without a sleep; the others are over 50 % behind them)
+    sleeps = [0, 100, 200]
     exp = {
         "name": "remeasure", "kernel": "tests.fault_kernels:Faulty", "shapes": [{"N": 256}],
-        "dtypes": ["fp32"], "search": {"sampler": "grid", "trials": 4, "warm_start": False,
-                                       "remeasure_top_k": 2, "remeasure_rounds": 2},
-        "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": sleeps}},
+        "dtypes": ["fp32"], "search": {"sampler": "grid", "trials": 6, "warm_start": False,
+                                       "remeasure_top_k": 3, "remeasure_rounds": 2},
+        "search_space": {"params": {"FAULT": ["none"], "SLEEP_MS": sleeps,
+                                    "BLOCK": [128, 256]}},
         "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         "output": {"packs_dir": str(tmp_path / "packs"), "runs_dir": str(tmp_path / "runs")},
         "fleet": {"compile_workers": 0, "queue_depth": 1},
@@ -109,12 +111,13 @@ def test_a_run_remeasures_its_top_configs_interleaved(tmp_path: Path, faulty_eve
     assert row["params"]["SLEEP_MS"] == 0 and "median" in row["winner_reason"]
     assert row["remeasure_rounds"] == 2 and row["remeasure_candidates"] == 2
     assert [len(c["samples_ms"]) for c in row["remeasured"]] == [2, 2]
-    fin = [c["config"]["SLEEP_MS"] for c in row["remeasured"]]
-    assert fin[0] == 0 and fin[1] in sleeps[1:], fin
+    fin = [(c["config"]["SLEEP_MS"], c["config"]["BLOCK"]) for c in row["remeasured"]]
+    assert sorted(fin) == [(0, 128), (0, 256)], fin  # the third best: 100 ms behind
     assert row["remeasure_min_ms"] <= row["remeasured_ms"] <= row["remeasure_max_ms"]
     # The last launches: the two best configs, alternating (each measurement launches a
     # config twice to time it on the CPU; the check reads the last one's output).
-    launches = [e["config"]["SLEEP_MS"] for e in read_events(events) if e["event"] == "launch"]
+    launches = [(e["config"]["SLEEP_MS"], e["config"]["BLOCK"]) for e in read_events(events)
+                if e["event"] == "launch"]
     tail = launches[-8:]
     blocks = [tail[i:i + 2] for i in range(0, 8, 2)]
     assert all(len(set(b)) == 1 for b in blocks), tail
@@ -427,3 +430,16 @@ def test_the_finalists_are_the_top_configs_the_incumbent_and_the_default_once_ea
     assert [c.config for c in cands] == [{"B": 1}, {"B": 2}, {"B": 3}]
     assert cands[2].search_ms == 1.5
     assert len(remeasure.candidates(top, None, ({"B": 1}, {"latency_ms": 1.2}))) == 2
+
+
+def test_a_top_config_far_behind_the_best_is_no_finalist() -> None:
+    """Measured 50 % slower than the search's best it cannot tie the winner: it is not
+    re-measured. The pack's winner and the kernel's default are, however slow."""
+    top = [({"B": 1}, {"latency_ms": 1.0}), ({"B": 2}, {"latency_ms": 1.49}),
+           ({"B": 3}, {"latency_ms": 1.51}), ({"B": 4}, {"latency_ms": 2.1})]
+    cands = remeasure.candidates(top, ({"B": 5}, {"latency_ms": 3.0}),
+                                 ({"B": 6}, {"latency_ms": 4.0}))
+    assert [c.config["B"] for c in cands] == [1, 2, 5, 6]
+    # A failed or unmeasured best (no latency) keeps every top config.
+    assert len(remeasure.candidates([({"B": 1}, {}), ({"B": 2}, {"latency_ms": 9.0})],
+                                    None, None)) == 2

@@ -66,6 +66,11 @@ CONSISTENT_ROUNDS = 5
 #: latency varied by up to 10 % between runs (2026-11-24), and at 5 % the incumbent
 #: missed the re-measurement it would have tied in.
 INCUMBENT_BAND = 0.15
+#: A top config the search measured more than this fraction slower than its best is no
+#: finalist: a search's measurement is off by 10 % at worst (above), so 50 % slower
+#: cannot come out within noise of the winner, and its rounds were a third of a small
+#: study's final phase (an H200 quickstart: top configs 1.7-2.1x the best).
+FINALIST_BAND = 0.5
 
 
 def schedule(n: int, rounds: int) -> list[int]:
@@ -265,10 +270,14 @@ def candidates(top: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
                incumbent: tuple[Mapping[str, Any], Mapping[str, Any]] | None,
                default: tuple[Mapping[str, Any], Mapping[str, Any]] | None
                ) -> list[Candidate]:
-    """The finalists: the search's top configs, the pack's current winner and the
-    kernel's default config (each once), with what the search measured of each."""
+    """The finalists: the search's top configs within ``FINALIST_BAND`` of its best,
+    the pack's current winner and the kernel's default config (each once, whatever the
+    search measured of them), with what the search measured of each."""
     out: list[Candidate] = []
     seen: set[str] = set()
+    best = min((r.get("latency_ms", math.inf) for _, r in top), default=math.inf)
+    top = [(c, r) for i, (c, r) in enumerate(top)
+           if i == 0 or not r.get("latency_ms", math.inf) > best * (1 + FINALIST_BAND)]
     for cfg, res in [*top, *([incumbent] if incumbent else []), *([default] if default else [])]:
         key = config_key(cfg)
         if key not in seen:
