@@ -192,3 +192,27 @@ def test_first_trials_stopped_while_building_end_at_once(monkeypatch) -> None:
     assert first.stop(timeout_s=30) == {}
     assert first.report()["why_stopped"] in ("stopped while it built its inputs", "stopped",
                                             "all measured")
+
+
+def test_first_trials_end_at_a_poisoned_device_context(monkeypatch) -> None:
+    """A config that poisons the device context (an illegal address: on the CPU its
+    error text) fails its own trial; the configs after it are left to the fleet, not
+    failed with its error."""
+    from harness.fleet.compile import _pool_context
+    from harness.fleet.first_trials import FirstTrials
+    from harness.search.keys import config_key
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    configs = [{"FAULT": fault, "SLEEP_MS": 0, "BLOCK": block, "COMPILE_MS": 0}
+               for fault, block in (("none", 128), ("illegal", 128), ("none", 256))]
+    first = FirstTrials(_pool_context(), "s", FAULTY_NAME, {"N": 256}, "fp32", 0,
+                        {"warmup_ms": 1, "rep_ms": 1, "cpu_reps": 1}, configs, lambda c: None)
+    first.start()
+    first._thread.join(120)
+    got = first.stop(timeout_s=30)
+    assert set(got) == {config_key(c) for c in configs[:2]}, got
+    bad = got[config_key(configs[1])][0]
+    assert not bad["ok"] and bad["fatal"], bad
+    assert first.report()["why_stopped"].startswith("the device context was poisoned"), \
+        first.report()
+    assert not first._proc.is_alive()

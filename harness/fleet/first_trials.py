@@ -131,6 +131,11 @@ class FirstTrials:
                     raise RuntimeError(msg[1])
                 with self._lock:
                     self.results[config_key(config)] = (msg[1], msg[2])
+                if msg[1].get("fatal"):
+                    # Its device context is poisoned: what it measured next would be that
+                    # config's error, not theirs. The fleet measures the rest.
+                    self.why_stopped = f"the device context was poisoned: {msg[1]['reason']}"
+                    return
             self.why_stopped = "stopped" if self._stop.is_set() else "all measured"
         except Exception as exc:  # only a head start
             if self._stop.is_set() and not self._ready.is_set():
