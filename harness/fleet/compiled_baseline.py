@@ -34,6 +34,20 @@ WAIT_S = 900.0
 MAX_STARTS = 3
 
 
+def recv_within(conn: Any, proc: Any, who: str, what: str, bound_s: float) -> tuple:
+    """The next message from ``who`` (process ``proc`` at the other end of ``conn``),
+    woken by it; an error naming ``what`` where none comes within ``bound_s``
+    (``TimeoutError``) or the process ends first (``ChildProcessError``)."""
+    if not conn.poll(bound_s):
+        raise TimeoutError(f"no {what} from {who} (pid {proc.pid}) after {bound_s:g} s")
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        proc.join(5)
+        raise ChildProcessError(f"{who} ended before its {what} "
+                                f"(exit code {proc.exitcode})") from None
+
+
 def _main(conn: Any) -> None:
     """The process: import torch.compile's modules, say so, then time each problem's
     compiled baseline the worker sends until it sends None or goes away."""
@@ -111,17 +125,8 @@ class CompiledBaseline:
         self.starts += 1
 
     def _recv(self, what: str, bound_s: float) -> tuple:
-        """The process's next message, woken by it; an error naming ``what`` where none
-        comes within ``bound_s`` or the process ends first."""
-        if not self._conn.poll(bound_s):
-            raise TimeoutError(f"no {what} from the torch.compile baseline's process "
-                               f"(pid {self._proc.pid}) after {bound_s:g} s")
-        try:
-            return self._conn.recv()
-        except (EOFError, OSError):
-            self._proc.join(5)
-            raise ChildProcessError(f"the torch.compile baseline's process ended before "
-                                    f"its {what} (exit code {self._proc.exitcode})") from None
+        return recv_within(self._conn, self._proc, "the torch.compile baseline's process",
+                           what, bound_s)
 
     def _stop_locked(self) -> None:
         if self._proc is not None:

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
+from harness.fleet.compiled_baseline import recv_within
 from harness.search.keys import config_key
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,8 @@ class FirstTrials:
         self._thread.start()
 
     def _recv(self, conn: Any, what: str) -> tuple:
-        if not conn.poll(STEP_S):
-            raise TimeoutError(f"no {what} from the head start's measuring process after "
-                               f"{STEP_S:g} s")
-        return conn.recv()
+        return recv_within(conn, self._proc, "the head start's measuring process", what,
+                           STEP_S)
 
     def _run(self) -> None:
         parent, child = self._ctx.Pipe()
